@@ -1,0 +1,88 @@
+"""Reading line-aligned text files (plain or gzip)."""
+
+import gzip
+import os
+
+import tensorflow as tf
+
+
+def _is_gzip(path):
+    return os.fspath(path).endswith(".gz")
+
+
+def read_lines(path):
+    """Reads a UTF-8 text file (plain or `.gz`) into a list of lines.
+
+    Lines are split on `"\\n"` only (as `tf.data.TextLineDataset` does, so
+    both give the same line count); the line terminator (`"\\n"` or
+    `"\\r\\n"`) is stripped and nothing else, so leading/trailing spaces are
+    kept.
+
+    Args:
+        path: str or path-like. Files whose name ends with `.gz` are
+            decompressed.
+
+    Returns:
+        list of `str`, one per line.
+
+    Example:
+
+    ```python
+    sentences = read_lines("multi30k/train.de.gz")
+    ```
+    """
+    opener = gzip.open if _is_gzip(path) else open
+    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+        return [line.rstrip("\n").removesuffix("\r") for line in f]
+
+
+def read_parallel(src_path, tgt_path):
+    """Reads two line-aligned files (source and target translations).
+
+    Args:
+        src_path: str or path-like, plain or `.gz`.
+        tgt_path: str or path-like, plain or `.gz`.
+
+    Returns:
+        `(src_lines, tgt_lines)`: two lists of `str` of equal length.
+
+    Raises:
+        ValueError: if the files have different line counts.
+
+    Example:
+
+    ```python
+    en, de = read_parallel("train.en.gz", "train.de.gz")
+    ```
+    """
+    src_lines = read_lines(src_path)
+    tgt_lines = read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            "Parallel files must have the same number of lines, one "
+            f"translation per line. {os.fspath(src_path)!r} has "
+            f"{len(src_lines)} lines but {os.fspath(tgt_path)!r} has "
+            f"{len(tgt_lines)}."
+        )
+    return src_lines, tgt_lines
+
+
+def text_line_dataset(path):
+    """Returns a `tf.data.Dataset` of the lines of a plain or `.gz` file.
+
+    Args:
+        path: str or path-like. `compression_type="GZIP"` is used when the
+            name ends with `.gz`.
+
+    Returns:
+        `tf.data.Dataset` of scalar `tf.string` (line terminator removed).
+
+    Example:
+
+    ```python
+    ds = text_line_dataset("multi30k/val.en.gz").map(tokenizer.tokenize)
+    ```
+    """
+    return tf.data.TextLineDataset(
+        os.fspath(path), compression_type="GZIP" if _is_gzip(path) else ""
+    )

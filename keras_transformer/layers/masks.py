@@ -1,0 +1,78 @@
+"""Attention masks: padding, causal (look-ahead) and their combination.
+
+Convention used everywhere in this library (the Keras one): a boolean mask
+value of `True` means "this query may attend to this key", `False` means
+"blocked". This is the opposite of the TF tutorial's hand-written attention,
+where 1 meant blocked; mixing the two conventions trains a decoder that only
+sees the future (see `../shared/CASES.md`, C03).
+
+Masks are built by broadcasting, never by tiling over a concrete batch size,
+so they trace under `jax.jit`, `tf.function` and XLA (C27).
+"""
+
+from keras import ops
+
+
+def padding_mask(token_ids, pad_id=0):
+    """Boolean mask of real (non-padding) tokens.
+
+    Args:
+        token_ids: int tensor, shape `(batch, length)`.
+        pad_id: int, the padding id.
+
+    Returns:
+        bool tensor, shape `(batch, length)`, `True` at real tokens.
+    """
+    return ops.not_equal(token_ids, pad_id)
+
+
+def causal_mask(query_length, key_length=None, offset=0):
+    """Lower-triangular "may attend" mask of the decoder's self-attention.
+
+    Query position `i` (counted from `offset`) may attend to key positions
+    `j <= i + offset`. Section 3.2.3 of Vaswani et al. (2017): "We need to
+    prevent leftward information flow in the decoder".
+
+    Args:
+        query_length: int or scalar int tensor, number of query positions.
+        key_length: int or scalar int tensor, number of key positions;
+            defaults to `query_length`.
+        offset: int or scalar int tensor, the absolute position of query 0
+            (used by cached decoding, where one query attends to a cache).
+
+    Returns:
+        bool tensor, shape `(1, query_length, key_length)`; broadcasts over the
+        batch, so it does not depend on the batch size.
+    """
+    if key_length is None:
+        key_length = query_length
+    rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, 1)
+    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+    return ops.expand_dims(ops.greater_equal(rows, cols), 0)
+
+
+def merge_masks(*masks):
+    """Logical AND of broadcastable boolean masks, skipping `None`.
+
+    Returns:
+        The combined bool tensor, or `None` if every mask is `None`.
+    """
+    result = None
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = ops.cast(mask, "bool")
+        result = mask if result is None else ops.logical_and(result, mask)
+    return result
+
+
+def key_padding_to_attention_mask(key_mask):
+    """Turn a `(batch, key_length)` key mask into `(batch, 1, key_length)`.
+
+    The result broadcasts along the query axis: every query sees the same
+    keys. This is the shape cross-attention needs with the *source* padding
+    (C01) and self-attention needs with the sequence's own padding (C02).
+    """
+    if key_mask is None:
+        return None
+    return ops.expand_dims(ops.cast(key_mask, "bool"), 1)

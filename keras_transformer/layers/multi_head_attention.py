@@ -1,0 +1,311 @@
+"""Scaled dot-product attention and multi-head attention (section 3.2)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.masks import key_padding_to_attention_mask
+from keras_transformer.layers.masks import causal_mask
+from keras_transformer.layers.masks import merge_masks
+
+# Added to blocked scores before the softmax. The softmax always runs in
+# float32 (see `masked_softmax`), so this constant never meets a float16
+# tensor and cannot overflow to -inf under mixed precision (C07).
+_MASK_VALUE = -1e9
+
+
+def masked_softmax(scores, mask=None):
+    """Softmax over the last axis that gives blocked keys exactly zero weight.
+
+    The softmax runs in float32 whatever the input dtype (mixed precision
+    safe, C07). A row whose keys are all blocked gets all-zero weights rather
+    than NaN, and no NaN reaches the gradient (C08): blocked scores are
+    replaced by a finite constant before the softmax, and the weights are
+    zeroed after it with `where`, whose gradient at a constant branch is 0.
+
+    Args:
+        scores: float tensor, shape `(..., query_length, key_length)`.
+        mask: optional bool tensor broadcastable to `scores`, `True` where
+            attention is allowed.
+
+    Returns:
+        float32 tensor of the shape of `scores`.
+    """
+    scores = ops.cast(scores, "float32")
+    if mask is not None:
+        mask = ops.cast(mask, "bool")
+        scores = ops.where(mask, scores, _MASK_VALUE)
+    scores = scores - ops.stop_gradient(ops.max(scores, axis=-1, keepdims=True))
+    weights = ops.exp(scores)
+    weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+    if mask is not None:
+        weights = ops.where(mask, weights, 0.0)
+    return weights
+
+
+def scaled_dot_product_attention(
+    query, key, value, mask=None, dropout=None, training=None
+):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, equation (1).
+
+    Args:
+        query: float tensor, shape `(batch, query_length, num_heads, key_dim)`.
+        key: float tensor, shape `(batch, key_length, num_heads, key_dim)`.
+        value: float tensor, shape `(batch, key_length, num_heads, value_dim)`.
+        mask: optional bool tensor broadcastable to
+            `(batch, num_heads, query_length, key_length)`, `True` where a
+            query may attend to a key.
+        dropout: optional `keras.layers.Dropout` applied to the weights.
+        training: bool, passed to `dropout`.
+
+    Returns:
+        `(output, weights)`: output of shape
+        `(batch, query_length, num_heads, value_dim)` in the dtype of
+        `query`, weights of shape `(batch, num_heads, query_length,
+        key_length)` in float32.
+
+    References:
+        Vaswani et al. (2017), section 3.2.1, equation (1).
+    """
+    key_dim = ops.shape(query)[-1]
+    query = ops.multiply(query, ops.cast(1.0 / math.sqrt(key_dim), query.dtype))
+    scores = ops.einsum("bqhd,bkhd->bhqk", query, key)
+    weights = masked_softmax(scores, mask)
+    attended = ops.cast(weights, value.dtype)
+    if dropout is not None:
+        attended = dropout(attended, training=training)
+    output = ops.einsum("bhqk,bkhd->bqhd", attended, value)
+    return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention with padding and causal masks (section 3.2.2).
+
+    Projects queries, keys and values into `num_heads` subspaces of
+    `key_dim` dimensions, runs scaled dot-product attention in each, and
+    projects the concatenated heads back:
+    `MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O` with
+    `head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)`.
+
+    The weights have the layout of `keras.layers.MultiHeadAttention`
+    (`query`, `key`, `value` kernels `(d_model, num_heads, key_dim)` and an
+    `attention_output` kernel `(num_heads, key_dim, output_dim)`), so weights
+    copy one-to-one between the two.
+
+    Masks follow the Keras convention: `True` means "may attend". The
+    padding mask of the keys (`value_mask`, filled in automatically from a
+    Keras mask on `value`) is broadcast along the query axis. A query row
+    whose keys are all blocked gives finite output (zero attention weights),
+    never NaN.
+
+    Args:
+        num_heads: int, number of attention heads `h`.
+        key_dim: int, size of each head for query and key, `d_k`.
+        value_dim: int, size of each head for value, `d_v`; defaults to
+            `key_dim`.
+        dropout_rate: float in [0, 1), dropout on the attention weights.
+        output_dim: int, size of the output; defaults to the query's last
+            dimension.
+        use_bias: bool, whether the projections have biases.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`).
+
+    Call arguments:
+        query: float tensor `(batch, query_length, d_model)`.
+        value: float tensor `(batch, key_length, d_model)`; defaults to
+            `query` (self-attention).
+        key: float tensor `(batch, key_length, d_model)`; defaults to
+            `value`.
+        attention_mask: optional bool tensor broadcastable to
+            `(batch, query_length, key_length)`, `True` where allowed.
+        value_mask: optional bool `(batch, key_length)` key padding mask.
+        use_causal_mask: bool, add the causal (look-ahead) mask.
+        return_attention_scores: bool, also return the weights.
+        training: bool, enables dropout.
+
+    Returns:
+        float tensor `(batch, query_length, output_dim)`, and with
+        `return_attention_scores=True` also the float32 weights
+        `(batch, num_heads, query_length, key_length)`.
+
+    Raises:
+        ValueError: for non-positive `num_heads`/`key_dim` or a
+            `dropout_rate` outside [0, 1).
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    >>> x = np.ones((3, 5, 16), "float32")
+    >>> layer(x, x).shape
+    (3, 5, 16)
+
+    References:
+        Vaswani et al. (2017), "Attention Is All You Need", section 3.2.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        dropout_rate=0.0,
+        output_dim=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if int(num_heads) <= 0 or int(key_dim) <= 0:
+            raise ValueError(
+                "MultiHeadAttention needs positive `num_heads` and `key_dim`; "
+                f"got num_heads={num_heads}, key_dim={key_dim}."
+            )
+        if not 0.0 <= float(dropout_rate) < 1.0:
+            raise ValueError(
+                f"`dropout_rate` must be in [0, 1); got {dropout_rate}."
+            )
+        self.num_heads = int(num_heads)
+        self.key_dim = int(key_dim)
+        self.value_dim = int(value_dim) if value_dim else self.key_dim
+        self.dropout_rate = float(dropout_rate)
+        self.output_dim = output_dim
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _dense(self, equation, output_shape, bias_axes, name):
+        dense = keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer.__class__.from_config(
+                self.kernel_initializer.get_config()
+            ),
+            bias_initializer=self.bias_initializer.__class__.from_config(
+                self.bias_initializer.get_config()
+            ),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        # Projections act per position; let a Keras mask pass through them.
+        dense.supports_masking = True
+        return dense
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        output_dim = self.output_dim or query_shape[-1]
+        self.query_dense = self._dense(
+            "abc,cde->abde", (None, self.num_heads, self.key_dim), "de", "query"
+        )
+        self.query_dense.build(query_shape)
+        self.key_dense = self._dense(
+            "abc,cde->abde", (None, self.num_heads, self.key_dim), "de", "key"
+        )
+        self.key_dense.build(key_shape)
+        self.value_dense = self._dense(
+            "abc,cde->abde", (None, self.num_heads, self.value_dim), "de", "value"
+        )
+        self.value_dense.build(value_shape)
+        self.output_dense = self._dense(
+            "abcd,cde->abe", (None, output_dim), "e", "attention_output"
+        )
+        self.output_dense.build(
+            (query_shape[0], query_shape[1], self.num_heads, self.value_dim)
+        )
+        self.attention_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="attention_dropout"
+        )
+        self.built = True
+
+    # The three steps below are public so that cached decoding can project
+    # one new token, keep keys and values in a cache, and attend over it.
+    def project_query(self, query):
+        """`(batch, length, d_model)` -> `(batch, length, num_heads, key_dim)`."""
+        return self.query_dense(query)
+
+    def project_key_value(self, value, key=None):
+        """Keys and values `(batch, length, num_heads, key_dim|value_dim)`."""
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
+    def attend(self, query, key, value, mask=None, training=None):
+        """Attention over projected heads, then the output projection.
+
+        Args:
+            query: `(batch, query_length, num_heads, key_dim)`.
+            key: `(batch, key_length, num_heads, key_dim)`.
+            value: `(batch, key_length, num_heads, value_dim)`.
+            mask: bool, broadcastable to `(batch, query_length, key_length)`.
+
+        Returns:
+            `(output (batch, query_length, output_dim), weights (batch,
+            num_heads, query_length, key_length))`.
+        """
+        if mask is not None:
+            mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
+        attended, weights = scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            dropout=self.attention_dropout if self.dropout_rate else None,
+            training=training,
+        )
+        return self.output_dense(attended), weights
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        attention_mask=None,
+        value_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        mask = merge_masks(
+            attention_mask,
+            key_padding_to_attention_mask(value_mask),
+            causal_mask(ops.shape(query)[1], ops.shape(value)[1])
+            if use_causal_mask
+            else None,
+        )
+        q = self.project_query(query)
+        k, v = self.project_key_value(value, key)
+        output, weights = self.attend(q, k, v, mask=mask, training=training)
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def compute_mask(self, query, mask=None):
+        return mask
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout_rate": self.dropout_rate,
+                "output_dim": self.output_dim,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,177 @@
+"""Token embedding scaled by sqrt(d_model) plus the sinusoidal encoding."""
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def sinusoidal_encoding(max_length, d_model):
+    """The fixed positional encoding of section 3.5, as a NumPy array.
+
+    `PE[pos, 2i] = sin(pos / 10000^(2i / d_model))` and
+    `PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model))`: sines on the even
+    dimensions and cosines on the odd ones, interleaved as in the paper (the
+    TF tutorial concatenates them instead, a different encoding).
+
+    Args:
+        max_length: int, number of positions (rows).
+        d_model: int, model width (columns); may be odd.
+
+    Returns:
+        float32 array, shape `(max_length, d_model)`.
+
+    References:
+        Vaswani et al. (2017), section 3.5.
+    """
+    positions = np.arange(max_length, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+    angles = positions / np.power(10000.0, two_i / d_model)
+    encoding = np.zeros((max_length, d_model), dtype=np.float64)
+    encoding[:, 0::2] = np.sin(angles)
+    encoding[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return encoding.astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding times sqrt(d_model), plus the sinusoidal encoding.
+
+    Section 3.4: "In the embedding layers, we multiply those weights by
+    sqrt(d_model)". Section 3.5: the sum with fixed sine and cosine
+    position encodings. The encoding table has exactly `max_length` rows
+    (not `vocab_size`, C09) and is computed from the config, so it is not a
+    weight and costs nothing in a checkpoint.
+
+    The layer emits a Keras padding mask (`inputs != pad_id`) that the
+    encoder and decoder blocks pick up and carry on (C05).
+
+    Args:
+        vocab_size: int, number of token ids.
+        d_model: int, embedding width.
+        max_length: int, the longest sequence the layer accepts.
+        pad_id: int or None, the padding id that the mask marks; `None`
+            emits no mask.
+        embeddings_initializer: initializer of the token table; default
+            normal with stddev `d_model ** -0.5`, which the sqrt(d_model)
+            scaling brings back to unit variance.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: int tensor `(batch, length)` of token ids, `length <=
+            max_length`.
+        start_index: int or scalar int tensor, position of `inputs[:, 0]`
+            (cached decoding embeds one token at position `start_index`).
+
+    Returns:
+        float tensor `(batch, length, d_model)` in the layer's compute dtype.
+
+    Raises:
+        ValueError: when `length + start_index` exceeds `max_length` (for a
+            statically known length), or on a non-positive size.
+
+    Example:
+    >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
+    >>> layer(np.array([[5, 6, 0]])).shape
+    (1, 3, 16)
+
+    References:
+        Vaswani et al. (2017), sections 3.4 and 3.5.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        d_model,
+        max_length,
+        pad_id=0,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("d_model", d_model),
+            ("max_length", max_length),
+        ):
+            if int(value) <= 0:
+                raise ValueError(
+                    f"PositionalEmbedding needs a positive `{name}`; got {value}."
+                )
+        self.vocab_size = int(vocab_size)
+        self.d_model = int(d_model)
+        self.max_length = int(max_length)
+        self.pad_id = None if pad_id is None else int(pad_id)
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(
+                stddev=self.d_model**-0.5
+            )
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape=None):
+        self.token_embedding = keras.layers.Embedding(
+            self.vocab_size,
+            self.d_model,
+            embeddings_initializer=self.embeddings_initializer,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.token_embedding.build((None, None))
+        self.position_encoding = ops.convert_to_tensor(
+            sinusoidal_encoding(self.max_length, self.d_model)
+        )
+        self.built = True
+
+    @property
+    def embeddings(self):
+        """The token table, `(vocab_size, d_model)`."""
+        return self.token_embedding.embeddings
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1]
+        if (
+            length is not None
+            and isinstance(start_index, int)
+            and length + start_index > self.max_length
+        ):
+            raise ValueError(
+                f"PositionalEmbedding got a sequence of length {length}"
+                + (f" starting at position {start_index}" if start_index else "")
+                + f", longer than its max_length={self.max_length}. Truncate "
+                "the input to max_length tokens, or build the model with a "
+                "larger max_length."
+            )
+        embedded = self.token_embedding(inputs)
+        embedded = ops.multiply(
+            embedded, ops.cast(self.d_model**0.5, embedded.dtype)
+        )
+        length = ops.shape(inputs)[1]
+        positions = ops.slice(
+            self.position_encoding, (start_index, 0), (length, self.d_model)
+        )
+        return embedded + ops.cast(positions, embedded.dtype)[None]
+
+    def compute_mask(self, inputs, mask=None):
+        if self.pad_id is None:
+            return None
+        return ops.not_equal(inputs, self.pad_id)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.d_model,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "d_model": self.d_model,
+                "max_length": self.max_length,
+                "pad_id": self.pad_id,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config

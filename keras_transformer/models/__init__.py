@@ -1,0 +1,6 @@
+"""Model assembly and named presets."""
+
+from keras_transformer.models.presets import PRESETS
+from keras_transformer.models.presets import get_preset
+from keras_transformer.models.transformer import build_from_preset
+from keras_transformer.models.transformer import build_transformer

@@ -1,0 +1,160 @@
+"""The encoder-decoder Transformer, assembled with the functional API."""
+
+import keras
+
+from keras_transformer.layers.output_projection import OutputProjection
+from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.transformer_decoder import TransformerDecoder
+from keras_transformer.layers.transformer_encoder import TransformerEncoder
+from keras_transformer.models.presets import get_preset
+
+ENCODER_INPUTS = "encoder_inputs"
+DECODER_INPUTS = "decoder_inputs"
+
+
+def _check_positive(**values):
+    for name, value in values.items():
+        if value is None or int(value) <= 0:
+            raise ValueError(
+                f"build_transformer needs a positive `{name}`; got {value!r}."
+            )
+
+
+def build_transformer(
+    src_vocab_size,
+    tgt_vocab_size,
+    num_layers=6,
+    d_model=512,
+    num_heads=8,
+    dff=2048,
+    dropout_rate=0.1,
+    max_length=256,
+    *,
+    num_decoder_layers=None,
+    pad_id=0,
+    norm_first=False,
+    layer_norm_epsilon=1e-6,
+    activation="relu",
+    dtype=None,
+    name="transformer",
+):
+    """Build the paper's encoder-decoder Transformer as a `keras.Model`.
+
+    Encoder: `PositionalEmbedding` -> dropout -> `num_layers` x
+    `TransformerEncoder`. Decoder: `PositionalEmbedding` -> dropout ->
+    `num_decoder_layers` x `TransformerDecoder` (each attending to the
+    encoder output) -> `OutputProjection` to target-vocabulary logits.
+    Padding masks are derived from the inputs (`pad_id`) inside the model
+    and carried through every block, so callers pass token ids only.
+
+    Layer names are stable (`encoder_embedding`, `encoder_layer_{i}`,
+    `decoder_embedding`, `decoder_layer_{i}`, `logits`, and
+    `encoder_final_norm` / `decoder_final_norm` with `norm_first`):
+    the `Translator` finds the parts by these names.
+
+    Args:
+        src_vocab_size: int, source vocabulary size.
+        tgt_vocab_size: int, target vocabulary size.
+        num_layers: int, encoder blocks (and decoder blocks unless
+            `num_decoder_layers` is given); paper: 6.
+        d_model: int, model width; paper: 512.
+        num_heads: int, attention heads, must divide `d_model`; paper: 8.
+        dff: int, feed-forward inner width; paper: 2048.
+        dropout_rate: float, residual, embedding and attention dropout;
+            paper: 0.1.
+        max_length: int, longest source or target sequence (positions).
+        num_decoder_layers: int, decoder blocks; default `num_layers`.
+        pad_id: int, padding id of both vocabularies.
+        norm_first: bool, pre-LN blocks plus a final LayerNorm per stack.
+        layer_norm_epsilon: float.
+        activation: feed-forward activation.
+        dtype: dtype policy name for every layer (e.g. `"mixed_bfloat16"`),
+            default the global policy.
+        name: model name.
+
+    Returns:
+        A functional `keras.Model` taking `{"encoder_inputs": int32 (batch,
+        src_len), "decoder_inputs": int32 (batch, tgt_len)}` and returning
+        float32 logits `(batch, tgt_len, tgt_vocab_size)`.
+
+    Raises:
+        ValueError: for non-positive sizes or `num_heads` not dividing
+            `d_model`.
+
+    Example:
+    >>> model = build_transformer(100, 120, num_layers=1, d_model=16,
+    ...                           num_heads=2, dff=32, max_length=10)
+    >>> model({"encoder_inputs": np.array([[5, 6, 0]]),
+    ...        "decoder_inputs": np.array([[2, 7]])}).shape
+    (1, 2, 120)
+
+    References:
+        Vaswani et al. (2017), section 3 and figure 1.
+    """
+    num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+    _check_positive(
+        src_vocab_size=src_vocab_size,
+        tgt_vocab_size=tgt_vocab_size,
+        num_layers=num_layers,
+        num_decoder_layers=num_decoder_layers,
+        d_model=d_model,
+        num_heads=num_heads,
+        dff=dff,
+        max_length=max_length,
+    )
+    if d_model % num_heads:
+        raise ValueError(
+            f"num_heads={num_heads} must divide d_model={d_model}; the paper "
+            "uses d_model=512 with 8 heads (64 dimensions per head)."
+        )
+    block_args = dict(
+        num_heads=num_heads,
+        dff=dff,
+        dropout_rate=dropout_rate,
+        activation=activation,
+        layer_norm_epsilon=layer_norm_epsilon,
+        norm_first=norm_first,
+        dtype=dtype,
+    )
+    encoder_inputs = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS)
+    decoder_inputs = keras.Input((None,), dtype="int32", name=DECODER_INPUTS)
+
+    x = PositionalEmbedding(
+        src_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
+        name="encoder_embedding",
+    )(encoder_inputs)
+    x = keras.layers.Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
+    for i in range(num_layers):
+        x = TransformerEncoder(name=f"encoder_layer_{i}", **block_args)(x)
+    if norm_first:
+        x = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
+        )(x)
+
+    y = PositionalEmbedding(
+        tgt_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
+        name="decoder_embedding",
+    )(decoder_inputs)
+    y = keras.layers.Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
+    for i in range(num_decoder_layers):
+        y = TransformerDecoder(name=f"decoder_layer_{i}", **block_args)(y, x)
+    if norm_first:
+        y = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_final_norm"
+        )(y)
+    logits = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")(y)
+    return keras.Model(
+        inputs={ENCODER_INPUTS: encoder_inputs, DECODER_INPUTS: decoder_inputs},
+        outputs=logits,
+        name=name,
+    )
+
+
+def build_from_preset(preset, src_vocab_size, tgt_vocab_size, **overrides):
+    """`build_transformer` with the sizes of a named preset (see `PRESETS`).
+
+    Example:
+    >>> model = build_from_preset("tiny", 1000, 1000, max_length=32)
+    """
+    config = get_preset(preset, **overrides)
+    return build_transformer(src_vocab_size, tgt_vocab_size, **config)

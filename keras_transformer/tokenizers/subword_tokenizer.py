@@ -1,0 +1,573 @@
+"""SentencePiece subword tokenizer that runs in-graph.
+
+The Transformer of Vaswani et al. (2017) reads and writes subword units
+(Section 5.1: byte-pair encoding with a shared source-target vocabulary of
+about 37000 tokens). This module trains such a vocabulary with the
+SentencePiece trainer and tokenizes with `tensorflow_text`'s
+`SentencepieceTokenizer`, so tokenization runs inside `tf.function`,
+`tf.data` and an exported SavedModel.
+
+Special ids are fixed for the whole library:
+
+| id | piece   | constant   | meaning                                      |
+|----|---------|------------|----------------------------------------------|
+| 0  | `<pad>` | `PAD_ID`   | padding; masked out of attention and losses  |
+| 1  | `<unk>` | `UNK_ID`   | unknown character (detokenizes as " ⁇ ")     |
+| 2  | `<s>`   | `START_ID` | decoder start token                          |
+| 3  | `</s>`  | `END_ID`   | end of sequence                              |
+
+Special-token rule (one rule, no exceptions): `<pad>`, `<s>` and `</s>`
+are SentencePiece *control symbols*. Control symbols are never produced
+from text, so a user who types `"</s>"` or `"<pad>"` gets it encoded as
+ordinary pieces (literal text, never `END_ID`/`PAD_ID`), and
+`detokenize` renders those pieces back as the same literal text when the
+characters are in the vocabulary. Special ids only enter a sequence
+through the packing functions in `keras_transformer.data`. Lowercasing
+is applied to the *input text* only, so the special pieces keep their exact
+case in the vocabulary.
+"""
+
+import io
+import json
+import os
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_transformer.data.text_files import read_lines
+
+PAD_ID = 0
+UNK_ID = 1
+START_ID = 2
+END_ID = 3
+
+PAD_PIECE = "<pad>"
+UNK_PIECE = "<unk>"
+START_PIECE = "<s>"
+END_PIECE = "</s>"
+
+_SPECIALS = {
+    PAD_ID: PAD_PIECE,
+    UNK_ID: UNK_PIECE,
+    START_ID: START_PIECE,
+    END_ID: END_PIECE,
+}
+
+# Trainer settings owned by this module: the special ids and pieces must
+# not be overridden through `**trainer_kwargs`.
+_PROTECTED_TRAINER_KEYS = (
+    "pad_id",
+    "unk_id",
+    "bos_id",
+    "eos_id",
+    "pad_piece",
+    "unk_piece",
+    "bos_piece",
+    "eos_piece",
+    "vocab_size",
+    "model_type",
+    "sentence_iterator",
+    "model_writer",
+    "input",
+    "model_prefix",
+)
+
+_METADATA_FORMAT = "keras_transformer.SubwordTokenizer"
+
+
+class SubwordTokenizer(tf.Module):
+    """SentencePiece subword tokenizer usable in `tf.function` and `tf.data`.
+
+    Wraps `tensorflow_text.SentencepieceTokenizer` around a serialized
+    SentencePiece model proto. It is a `tf.Module`, so a model or
+    translator that holds it as an attribute can be exported with
+    `tf.saved_model.save`; the SavedModel then loads in a fresh process
+    that imports only `tensorflow` and `tensorflow_text`.
+
+    `tokenize` adds no start/end ids (see `keras_transformer.data` for
+    packing). `detokenize` is lossless for text the vocabulary covers when
+    the proto was trained by `train_subword_tokenizer` (identity
+    normalization, whitespace kept), except that leading whitespace of a
+    sentence is dropped; with `lowercase=True` the output is lowercased.
+
+    Args:
+        proto: bytes. A serialized SentencePiece `ModelProto` whose special
+            ids are `<pad>`=0, `<unk>`=1, `<s>`=2, `</s>`=3, such as the one
+            produced by `train_subword_tokenizer`.
+        lowercase: bool. If `True`, inputs are lowercased with
+            `tf.strings.lower(..., encoding="utf-8")` before encoding. Must
+            match the setting the vocabulary was trained with. Defaults to
+            `False`, the same default as `train_subword_tokenizer`.
+        name: str. Optional `tf.Module` name.
+
+    Call arguments (`tokenize`, also `__call__`):
+        inputs: `tf.string` scalar or rank-1 tensor (or a Python `str` or
+            list of `str`).
+
+    Returns (`tokenize`):
+        For a rank-1 input of shape `(batch,)`: a `tf.RaggedTensor` of
+        dtype `int32` and shape `(batch, None)`. For a scalar input: a dense
+        1-D `int32` tensor of shape `(length,)`. The empty string gives an
+        empty row; an empty batch gives shape `(0, None)`.
+
+    Raises:
+        TypeError: if `proto` is not `bytes`.
+        ValueError: if `proto` cannot be parsed, or its special ids/pieces
+            differ from the fixed ones above.
+
+    Example:
+
+    ```python
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    tokenizer = train_subword_tokenizer(
+        ["the small dog runs .", "a big cat sleeps ."] * 50, vocab_size=40
+    )
+    ids = tokenizer.tokenize(["the dog runs ."])  # RaggedTensor int32
+    text = tokenizer.detokenize(ids)  # [b"the dog runs ."]
+    ```
+
+    References:
+        - [Kudo & Richardson, 2018. SentencePiece: A simple and language
+          independent subword tokenizer and detokenizer for Neural Text
+          Processing](https://arxiv.org/abs/1808.06226)
+        - [Vaswani et al., 2017. Attention Is All You Need, Section 5.1](
+          https://arxiv.org/abs/1706.03762)
+    """
+
+    pad_id = PAD_ID
+    unk_id = UNK_ID
+    start_id = START_ID
+    end_id = END_ID
+
+    def __init__(self, proto, lowercase=False, name=None):
+        super().__init__(name=name)
+        if isinstance(proto, bytearray):
+            proto = bytes(proto)
+        if not isinstance(proto, bytes):
+            raise TypeError(
+                "`proto` must be the serialized SentencePiece model as "
+                f"`bytes`. Received: type(proto)={type(proto).__name__}. "
+                "To read a saved tokenizer use `SubwordTokenizer.load(path)`."
+            )
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError.
+            raise ValueError(
+                "`proto` is not a valid serialized SentencePiece model "
+                f"({len(proto)} bytes): {e}"
+            ) from e
+        for special_id, piece in _SPECIALS.items():
+            if (
+                special_id >= processor.get_piece_size()
+                or processor.id_to_piece(special_id) != piece
+            ):
+                found = (
+                    processor.id_to_piece(special_id)
+                    if special_id < processor.get_piece_size()
+                    else None
+                )
+                raise ValueError(
+                    f"The SentencePiece model must have piece {piece!r} at id "
+                    f"{special_id}; found {found!r}. Train it with "
+                    "`train_subword_tokenizer`, which fixes <pad>=0, <unk>=1, "
+                    "<s>=2, </s>=3."
+                )
+        self._proto = proto
+        self._lowercase = bool(lowercase)
+        self._processor = processor
+        self._vocab_size = int(processor.get_piece_size())
+        self._tokenizer = tf_text.SentencepieceTokenizer(
+            model=proto, out_type=tf.int32
+        )
+
+    @property
+    def vocab_size(self):
+        """int. Number of pieces, special pieces included."""
+        return self._vocab_size
+
+    @property
+    def lowercase(self):
+        """bool. Whether inputs are lowercased before encoding."""
+        return self._lowercase
+
+    @property
+    def proto(self):
+        """bytes. The serialized SentencePiece model."""
+        return self._proto
+
+    def tokenize(self, inputs):
+        """Encodes strings into subword ids (no start/end ids added).
+
+        Args:
+            inputs: `tf.string` tensor of rank 0 or 1, or a Python `str` /
+                list of `str`.
+
+        Returns:
+            Rank-1 input `(batch,)`: `tf.RaggedTensor`, `int32`,
+            `(batch, None)`. Scalar input: dense `int32` tensor
+            `(length,)`.
+
+        Raises:
+            ValueError: if the input rank is unknown or greater than 1.
+        """
+        inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
+        rank = inputs.shape.rank
+        if rank is None or rank > 1:
+            raise ValueError(
+                "`tokenize` expects a scalar string or a rank-1 batch of "
+                f"strings. Received a tensor with shape {inputs.shape}. "
+                "Reshape it to `(batch,)` first."
+            )
+        if self._lowercase:
+            inputs = tf.strings.lower(inputs, encoding="utf-8")
+        return self._tokenizer.tokenize(inputs)
+
+    def __call__(self, inputs):
+        """Same as `tokenize`."""
+        return self.tokenize(inputs)
+
+    def detokenize(self, ids):
+        """Decodes subword ids back to text.
+
+        Pad ids and start ids are dropped wherever they occur, and each row
+        is cut at its first end id (the end id and everything after it are
+        dropped). Ids outside `[0, vocab_size)` are dropped as well; unknown
+        ids render as " ⁇ ".
+
+        Args:
+            ids: integer ids: a dense tensor of shape `(batch, length)`, a
+                `tf.RaggedTensor` of shape `(batch, None)`, or a 1-D tensor
+                `(length,)` for a single sequence. Python lists work too.
+
+        Returns:
+            `tf.string` tensor of shape `(batch,)` for rank-2 input, a
+            scalar for rank-1 input.
+
+        Raises:
+            ValueError: if `ids` is not of rank 1 or 2.
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            if ids.shape.rank != 2:
+                raise ValueError(
+                    "`detokenize` expects ids of shape (batch, None). "
+                    f"Received a RaggedTensor with shape {ids.shape}."
+                )
+            dense = ids.to_tensor(default_value=tf.cast(PAD_ID, ids.dtype))
+            return self._detokenize_dense(dense)
+        ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:
+            raise ValueError(
+                f"`detokenize` expects integer ids. Received dtype {ids.dtype}."
+            )
+        rank = ids.shape.rank
+        if rank == 1:
+            return self._detokenize_dense(ids[tf.newaxis, :])[0]
+        if rank == 2:
+            return self._detokenize_dense(ids)
+        raise ValueError(
+            "`detokenize` expects ids of shape (length,) or (batch, length). "
+            f"Received shape {ids.shape}."
+        )
+
+    def _detokenize_dense(self, ids):
+        ids = tf.cast(ids, tf.int32)
+        is_end = tf.cast(tf.equal(ids, END_ID), tf.int32)
+        before_end = tf.equal(tf.cumsum(is_end, axis=-1), 0)
+        keep = (
+            before_end
+            & tf.not_equal(ids, PAD_ID)
+            & tf.not_equal(ids, START_ID)
+            & tf.greater_equal(ids, 0)
+            & tf.less(ids, self._vocab_size)
+        )
+        return self._tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
+
+    def id_to_piece(self, id):
+        """Returns the piece (Python `str`) for one id."""
+        id = int(id)
+        if not 0 <= id < self._vocab_size:
+            raise ValueError(
+                f"id must be in [0, {self._vocab_size}). Received: id={id}."
+            )
+        return self._processor.id_to_piece(id)
+
+    def piece_to_id(self, piece):
+        """Returns the id of a piece (`UNK_ID` if it is not in the vocab)."""
+        return int(self._processor.piece_to_id(piece))
+
+    def vocabulary(self):
+        """Returns all pieces as a Python list, indexed by id."""
+        return [
+            self._processor.id_to_piece(i) for i in range(self._vocab_size)
+        ]
+
+    def save(self, path):
+        """Writes `<prefix>.model` (the proto) and `<prefix>.json`.
+
+        Args:
+            path: `<prefix>` or `<prefix>.model`. Parent directories are
+                created.
+
+        Returns:
+            str. The path of the written `.model` file.
+        """
+        prefix = _strip_model_suffix(path)
+        directory = os.path.dirname(prefix)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        model_path = prefix + ".model"
+        with open(model_path, "wb") as f:
+            f.write(self._proto)
+        metadata = {
+            "format": _METADATA_FORMAT,
+            "version": 1,
+            "lowercase": self._lowercase,
+            "vocab_size": self._vocab_size,
+            "pad_id": PAD_ID,
+            "unk_id": UNK_ID,
+            "start_id": START_ID,
+            "end_id": END_ID,
+        }
+        with open(prefix + ".json", "w", encoding="utf-8") as f:
+            json.dump(metadata, f, indent=2)
+        return model_path
+
+    @classmethod
+    def load(cls, path, lowercase=None):
+        """Restores a tokenizer written by `save`.
+
+        Args:
+            path: `<prefix>` or `<prefix>.model`.
+            lowercase: optional bool overriding the saved setting. When
+                `None`, `<prefix>.json` decides; a bare `.model` without
+                the JSON file loads with `lowercase=False`.
+
+        Returns:
+            `SubwordTokenizer`.
+
+        Raises:
+            FileNotFoundError: if `<prefix>.model` does not exist.
+        """
+        prefix = _strip_model_suffix(path)
+        model_path = prefix + ".model"
+        if not os.path.exists(model_path):
+            raise FileNotFoundError(
+                f"No tokenizer model at {model_path!r} (from path={path!r})."
+            )
+        with open(model_path, "rb") as f:
+            proto = f.read()
+        metadata_path = prefix + ".json"
+        if lowercase is None:
+            lowercase = False
+            if os.path.exists(metadata_path):
+                with open(metadata_path, encoding="utf-8") as f:
+                    lowercase = bool(json.load(f).get("lowercase", False))
+        return cls(proto, lowercase=lowercase)
+
+    def __repr__(self):
+        return (
+            f"SubwordTokenizer(vocab_size={self._vocab_size}, "
+            f"lowercase={self._lowercase})"
+        )
+
+
+def _strip_model_suffix(path):
+    path = os.fspath(path)
+    return path[: -len(".model")] if path.endswith(".model") else path
+
+
+def _is_path(item):
+    return isinstance(item, os.PathLike) or (
+        isinstance(item, str) and os.path.isfile(item)
+    )
+
+
+def _collect_sentences(data):
+    if isinstance(data, (str, os.PathLike)):
+        if not _is_path(data):
+            raise ValueError(
+                f"`data` is a single string but not an existing file: "
+                f"{os.fspath(data)!r}. Pass a list of sentences or a path."
+            )
+        return read_lines(data)
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(
+            "`data` must be a list of sentences, a path (plain or .gz) or a "
+            f"list of paths. Received: type(data)={type(data).__name__}."
+        )
+    if data and all(_is_path(item) for item in data):
+        sentences = []
+        for path in data:
+            sentences.extend(read_lines(path))
+        return sentences
+    for item in data:
+        if not isinstance(item, str):
+            raise ValueError(
+                "A list passed as `data` must hold only sentences (`str`) or "
+                f"only paths. Found an item of type {type(item).__name__}."
+            )
+    return list(data)
+
+
+def _lowercase_sentences(sentences, chunk_size=8192):
+    # Same op as `SubwordTokenizer.tokenize`, so training and inference
+    # fold case identically (Python's `str.lower` differs on a few chars).
+    lowered = []
+    for start in range(0, len(sentences), chunk_size):
+        chunk = tf.constant(sentences[start : start + chunk_size], tf.string)
+        lowered.extend(
+            s.decode("utf-8")
+            for s in tf.strings.lower(chunk, encoding="utf-8").numpy()
+        )
+    return lowered
+
+
+def train_subword_tokenizer(
+    data,
+    vocab_size,
+    *,
+    lowercase=False,
+    model_type="unigram",
+    character_coverage=1.0,
+    max_sentences=None,
+    byte_fallback=False,
+    num_threads=1,
+    **trainer_kwargs,
+):
+    """Trains a SentencePiece vocabulary and returns a `SubwordTokenizer`.
+
+    Runs the SentencePiece trainer (the same backend as
+    `keras_hub.tokenizers.compute_sentence_piece_proto`, called directly
+    because that helper cannot pass the options below) with the library's
+    fixed special pieces `<pad>`=0, `<unk>`=1, `<s>`=2, `</s>`=3, identity
+    normalization and whitespace kept, so detokenization reproduces the
+    training text exactly (BLEU is computed on detokenized text against raw
+    references). Training is deterministic: the same data and arguments
+    give byte-identical protos (`num_threads=1` by default for that reason).
+
+    Vocabulary size: `hard_vocab_limit=False` is used, so on a small corpus
+    the trained vocabulary may be *smaller* than `vocab_size` (read
+    `tokenizer.vocab_size`). A `vocab_size` smaller than the number of
+    distinct characters plus the 4 special pieces raises a `ValueError`.
+
+    Args:
+        data: a list of sentences (`str`), a path to a text file (plain or
+            `.gz`, one sentence per line, UTF-8) or a list of such paths.
+            A string is treated as a path when it names an existing file
+            (or is an `os.PathLike`); a list is a list of paths when every
+            item is. Empty lines are ignored.
+        vocab_size: int. Requested vocabulary size, special pieces included.
+        lowercase: bool. Lowercase the training text with
+            `tf.strings.lower(..., encoding="utf-8")` and return a tokenizer
+            that does the same at inference. Defaults to `False`, the same
+            default as `SubwordTokenizer`.
+        model_type: str. `"unigram"` (default), `"bpe"`, `"word"` or
+            `"char"`.
+        character_coverage: float. Share of characters covered by the
+            vocabulary; the rest map to `<unk>`. Defaults to `1.0`.
+        max_sentences: optional int. Train on the first `max_sentences`
+            sentences only (deterministic subsample for speed).
+        byte_fallback: bool. Decompose unknown characters into UTF-8 byte
+            pieces instead of `<unk>`, making detokenization lossless for
+            any text. Adds 256 pieces. Defaults to `False`.
+        num_threads: int. Trainer threads. Defaults to 1 (deterministic).
+        **trainer_kwargs: further `sentencepiece.SentencePieceTrainer`
+            options, overriding this function's defaults (for example
+            `normalization_rule_name="nmt_nfkc"`). The special ids/pieces,
+            `vocab_size` and `model_type` cannot be set here.
+
+    Returns:
+        `SubwordTokenizer`.
+
+    Raises:
+        ValueError: if `data` is empty or of the wrong type, if `vocab_size`
+            is too small for the corpus's characters, if `model_type` is
+            unknown, or if a protected trainer option is passed.
+
+    Example:
+
+    ```python
+    tokenizer = train_subword_tokenizer(
+        "train.de.gz", vocab_size=8000, max_sentences=100_000
+    )
+    tokenizer.save("vocab/de")  # vocab/de.model + vocab/de.json
+    ```
+
+    References:
+        - [Kudo & Richardson, 2018. SentencePiece: A simple and language
+          independent subword tokenizer and detokenizer for Neural Text
+          Processing](https://arxiv.org/abs/1808.06226)
+        - [Kudo, 2018. Subword Regularization (unigram language model)](
+          https://arxiv.org/abs/1804.10959)
+    """
+    if model_type not in ("unigram", "bpe", "word", "char"):
+        raise ValueError(
+            "`model_type` must be one of 'unigram', 'bpe', 'word', 'char'. "
+            f"Received: model_type={model_type!r}."
+        )
+    if not isinstance(vocab_size, int) or vocab_size <= len(_SPECIALS):
+        raise ValueError(
+            f"`vocab_size` must be an int greater than {len(_SPECIALS)} "
+            f"(the special pieces). Received: vocab_size={vocab_size!r}."
+        )
+    protected = sorted(set(trainer_kwargs) & set(_PROTECTED_TRAINER_KEYS))
+    if protected:
+        raise ValueError(
+            f"These trainer options are fixed by the library and cannot be "
+            f"passed: {protected}. Use the function's own arguments."
+        )
+    sentences = [s for s in _collect_sentences(data) if s.strip()]
+    if max_sentences is not None:
+        sentences = sentences[: int(max_sentences)]
+    if not sentences:
+        raise ValueError("`data` holds no non-empty sentence to train on.")
+    if lowercase:
+        sentences = _lowercase_sentences(sentences)
+
+    options = dict(
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=START_ID,
+        eos_id=END_ID,
+        pad_piece=PAD_PIECE,
+        unk_piece=UNK_PIECE,
+        bos_piece=START_PIECE,
+        eos_piece=END_PIECE,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        hard_vocab_limit=False,
+        byte_fallback=byte_fallback,
+        num_threads=num_threads,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        minloglevel=2,
+    )
+    options.update(trainer_kwargs)
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=writer, **options
+        )
+    except RuntimeError as e:
+        message = str(e)
+        if "smaller than required_chars" in message:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small for this corpus: the "
+                "vocabulary must hold every character (at the requested "
+                "character_coverage) plus the 4 special pieces. Raise "
+                "`vocab_size` or lower `character_coverage`. Trainer said: "
+                f"{message}"
+            ) from e
+        if "Vocabulary size too high" in message:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too large for this corpus. "
+                f"Lower `vocab_size`. Trainer said: {message}"
+            ) from e
+        raise ValueError(f"SentencePiece training failed: {message}") from e
+    return SubwordTokenizer(writer.getvalue(), lowercase=lowercase)

@@ -1,0 +1,39 @@
+"""Shared fixtures and helpers for the test suite."""
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def multi30k_dir():
+    """The Multi30k folder: $MULTI30K_DIR, else ../shared/data/multi30k.
+
+    A test that needs the corpus fails (not skips) when CI is set and the
+    corpus is missing; elsewhere it is skipped.
+    """
+    path = pathlib.Path(
+        os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k")
+    )
+    if not (path / "train.en.gz").exists():
+        message = f"Multi30k corpus not found at {path} (set MULTI30K_DIR)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def multi30k():
+    return multi30k_dir()
+
+
+def to_numpy(x):
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(x))

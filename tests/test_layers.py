@@ -1,0 +1,252 @@
+"""Layers against NumPy references of the paper's formulas and Keras oracles.
+
+Backend-neutral: `tests/test_backends.py` re-runs this file on jax and torch.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from conftest import to_numpy
+from keras_transformer.layers import MultiHeadAttention
+from keras_transformer.layers import PositionalEmbedding
+from keras_transformer.layers import TransformerDecoder
+from keras_transformer.layers import TransformerEncoder
+from keras_transformer.layers import causal_mask
+from keras_transformer.layers import scaled_dot_product_attention
+from keras_transformer.layers import sinusoidal_encoding
+
+PAD, START = 0, 2
+
+
+def numpy_attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d_k)) v, equation (1), per head. q: (B,Tq,H,D)."""
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    scores = scores - scores.max(-1, keepdims=True)
+    w = np.exp(scores)
+    w = w / w.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", w, v), w
+
+
+def test_scaled_dot_product_attention_matches_numpy():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 4, 3, 8)).astype("float32") for _ in range(3))
+    mask = np.tril(np.ones((4, 4), bool))[None, None]
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask)
+    ref_out, ref_w = numpy_attention(q, k, v, mask)
+    np.testing.assert_allclose(to_numpy(out), ref_out, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(w), ref_w, atol=1e-6)
+
+
+def test_multi_head_attention_matches_keras_oracle():
+    rng = np.random.default_rng(1)
+    query = rng.normal(size=(2, 5, 16)).astype("float32")
+    value = rng.normal(size=(2, 7, 16)).astype("float32")
+    key_mask = np.array([[1] * 7, [1] * 4 + [0] * 3], bool)
+    ours = MultiHeadAttention(num_heads=4, key_dim=4)
+    oracle = keras.layers.MultiHeadAttention(num_heads=4, key_dim=4)
+    ours(query, value)
+    oracle(query, value)
+    oracle.set_weights(ours.get_weights())
+    mask = np.broadcast_to(key_mask[:, None, :], (2, 5, 7))
+    got, got_w = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    want, want_w = oracle(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(got_w), to_numpy(want_w), atol=1e-6)
+    # The causal mask too.
+    got = ours(query, query, use_causal_mask=True)
+    want = oracle(query, query, use_causal_mask=True)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+
+
+def test_c08_fully_masked_rows_are_finite_with_finite_gradients():
+    """C08: a query whose keys are all masked gives finite output and grads."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(2).normal(size=(2, 3, 8)).astype("float32")
+    mask = np.zeros((2, 3, 3), bool)
+    mask[0] = True
+    out, w = layer(x, x, attention_mask=mask, return_attention_scores=True)
+    assert np.isfinite(to_numpy(out)).all()
+    np.testing.assert_array_equal(to_numpy(w)[1], 0.0)
+    np.testing.assert_allclose(to_numpy(w)[0].sum(-1), 1.0, atol=1e-6)
+
+
+def test_causal_mask_shape_and_values():
+    m = to_numpy(causal_mask(4))
+    assert m.shape == (1, 4, 4)
+    np.testing.assert_array_equal(m[0], np.tril(np.ones((4, 4), bool)))
+    m = to_numpy(causal_mask(1, 5, offset=2))
+    np.testing.assert_array_equal(m[0, 0], [True, True, True, False, False])
+
+
+def test_c09_positional_encoding_numpy_reference():
+    """C09: table rows = max_length; PE[pos, 2i] = sin, PE[pos, 2i+1] = cos."""
+    pe = sinusoidal_encoding(8, 16)
+    assert pe.shape == (8, 16)
+    np.testing.assert_allclose(pe[0], [0, 1] * 8, atol=1e-7)
+    for pos in range(8):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert abs(pe[pos, 2 * i] - math.sin(angle)) < 1e-6
+            assert abs(pe[pos, 2 * i + 1] - math.cos(angle)) < 1e-6
+
+
+def test_c09_positional_embedding_scales_and_limits_length():
+    """C09: embedding * sqrt(d_model) + PE; length 9 > max_length 8 raises."""
+    layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
+    ids = np.array([[5, 6, 7, 8, 9, 10, 11, 12]], "int32")
+    out = to_numpy(layer(ids))
+    table = to_numpy(layer.embeddings)
+    want = table[ids[0]] * 4.0 + sinusoidal_encoding(8, 16)
+    np.testing.assert_allclose(out[0], want, atol=1e-5)
+    assert tuple(layer.position_encoding.shape) == (8, 16)
+    with pytest.raises(ValueError, match="max_length=8"):
+        layer(np.ones((1, 9), "int32"))
+    # start_index embeds a later position (cached decoding).
+    step = to_numpy(layer(ids[:, 3:4], start_index=3))
+    np.testing.assert_allclose(step[0, 0], out[0, 3], atol=1e-5)
+
+
+def test_positional_embedding_mask():
+    layer = PositionalEmbedding(vocab_size=50, d_model=8, max_length=8)
+    mask = to_numpy(layer.compute_mask(np.array([[12, 34, 0, 0]])))
+    np.testing.assert_array_equal(mask, [[True, True, False, False]])
+
+
+def _encoder_stack():
+    inputs = keras.Input((None,), dtype="int32")
+    embedded = PositionalEmbedding(vocab_size=50, d_model=16, max_length=8)
+    first = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    second = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    x = embedded(inputs)
+    outputs = second(first(x))
+    return keras.Model(inputs, outputs), embedded, first, second
+
+
+def test_c05_mask_propagates_through_stacked_encoders():
+    """C05: padding at positions 2-3 changes nothing; masks carried on."""
+    model, embedding, first, second = _encoder_stack()
+    padded = to_numpy(model(np.array([[12, 34, 0, 0]])))
+    short = to_numpy(model(np.array([[12, 34]])))
+    np.testing.assert_allclose(padded[:, :2], short, atol=1e-5)
+    ids = np.array([[12, 34, 0, 0]])
+    x = embedding(ids)
+    expected = [[True, True, False, False]]
+    np.testing.assert_array_equal(to_numpy(embedding.compute_mask(ids)), expected)
+    mask = embedding.compute_mask(ids)
+    y = first(x, mask=mask)
+    np.testing.assert_array_equal(to_numpy(first.compute_mask(x, mask)), expected)
+    np.testing.assert_array_equal(to_numpy(second.compute_mask(y, mask)), expected)
+    assert model.outputs[0]._keras_mask is not None  # symbolic mask carried
+
+
+def test_c02_encoder_padding_mask_rank_and_axis():
+    """C02: lengths [5, 3, 1] padded to 5; weights 0 past each length."""
+    lengths = [5, 3, 1]
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 5, 16)).astype("float32")
+    mask = np.arange(5)[None, :] < np.array(lengths)[:, None]
+    block = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    out, w = block(x, mask=mask, return_attention_scores=True)
+    out, w = to_numpy(out), to_numpy(w)
+    assert out.shape == (3, 5, 16) and w.shape == (3, 2, 5, 5)
+    for row, n in enumerate(lengths):
+        np.testing.assert_array_equal(w[row, :, :, n:], 0.0)
+    alone = to_numpy(block(x[1:2, :3], mask=np.ones((1, 3), bool)))
+    np.testing.assert_allclose(out[1, :3], alone[0], atol=1e-5)
+    # Batch 1, length 1.
+    one = to_numpy(block(x[2:3, :1], mask=np.ones((1, 1), bool)))
+    assert one.shape == (1, 1, 16) and np.isfinite(one).all()
+
+
+def test_c01_cross_attention_masks_source_padding_with_other_lengths():
+    """C01: source len 5 (3 real), target len 7; pads get zero weight."""
+    rng = np.random.default_rng(4)
+    decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
+    target = rng.normal(size=(1, 7, 16)).astype("float32")
+    target_mask = np.array([[1, 1, 1, 1, 0, 0, 0]], bool)
+    source = rng.normal(size=(1, 5, 16)).astype("float32")
+    source_mask = np.array([[1, 1, 1, 0, 0]], bool)
+    out, weights = decoder(
+        target, source, inputs_mask=target_mask, encoder_outputs_mask=source_mask,
+        return_attention_scores=True,
+    )
+    cross = to_numpy(weights["cross_attention"])
+    assert cross.shape == (1, 2, 7, 5)
+    assert np.abs(cross[..., 3:]).max() <= 1e-7
+    np.testing.assert_allclose(cross[..., :3].sum(-1), 1.0, atol=1e-6)
+    perturbed = source.copy()
+    perturbed[:, 3:] = rng.normal(size=(1, 2, 16)) * 10
+    out2 = decoder(
+        target, perturbed, inputs_mask=target_mask, encoder_outputs_mask=source_mask
+    )
+    np.testing.assert_allclose(to_numpy(out)[:, :4], to_numpy(out2)[:, :4], atol=1e-5)
+
+
+def test_c03_causal_mask_polarity_no_future_leak():
+    """C03: scores[i, j] = 0 for j > i; changing token 3 leaves 0-2 unchanged."""
+    rng = np.random.default_rng(5)
+    embedding = PositionalEmbedding(vocab_size=50, d_model=16, max_length=8)
+    decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
+    source = rng.normal(size=(1, 3, 16)).astype("float32")
+    a = embedding(np.array([[START, 7, 8, 9]]))
+    b = embedding(np.array([[START, 7, 8, 42]]))
+    out_a, w = decoder(a, source, return_attention_scores=True)
+    out_b = decoder(b, source)
+    s = to_numpy(w["self_attention"])
+    assert np.abs(s[..., np.triu_indices(4, 1)[0], np.triu_indices(4, 1)[1]]).max() == 0
+    np.testing.assert_allclose(s[:, :, 0, 0], 1.0, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(out_a)[:, :3], to_numpy(out_b)[:, :3], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_call_cached_equals_call(norm_first):
+    """Cached one-step decoding equals the full causal pass, position by position."""
+    rng = np.random.default_rng(6)
+    decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0, norm_first=norm_first)
+    target = rng.normal(size=(2, 5, 16)).astype("float32")
+    source = rng.normal(size=(2, 4, 16)).astype("float32")
+    source_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    full = to_numpy(decoder(target, source, encoder_outputs_mask=source_mask))
+    cross_k, cross_v = decoder.precompute_cross_attention_cache(source)
+    cache_k = ops.zeros((2, 6, 2, 8))
+    cache_v = ops.zeros((2, 6, 2, 8))
+    for t in range(5):
+        step, cache_k, cache_v = decoder.call_cached(
+            target[:, t : t + 1], cache_k, cache_v, t, cross_k, cross_v, source_mask
+        )
+        np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        lambda: PositionalEmbedding(vocab_size=30, d_model=8, max_length=6, pad_id=1),
+        lambda: MultiHeadAttention(num_heads=2, key_dim=3, dropout_rate=0.1),
+        lambda: TransformerEncoder(num_heads=2, dff=12, norm_first=True),
+        lambda: TransformerDecoder(num_heads=4, dff=20, dropout_rate=0.2),
+    ],
+)
+def test_get_config_round_trip(layer):
+    original = layer()
+    config = original.get_config()
+    clone = type(original).from_config(config)
+    assert clone.get_config() == config
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(original)
+    )
+    assert type(restored) is type(original)
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match="num_heads"):
+        TransformerEncoder(num_heads=3, dff=8)(np.ones((1, 2, 8), "float32"))
+    with pytest.raises(ValueError, match="dropout_rate"):
+        MultiHeadAttention(num_heads=2, key_dim=2, dropout_rate=1.5)
+    with pytest.raises(ValueError, match="encoder_outputs"):
+        TransformerDecoder(num_heads=2, dff=8)(np.ones((1, 2, 8), "float32"))
