@@ -122,7 +122,7 @@ def test_c23_probabilities_input_matches_keras():
     )
 
 
-# --- C21: masked loss normalised by real tokens -------------------------------
+# --- C21: masked loss normalised by real tokens -----------------------------
 
 
 def test_c21_normalised_by_real_tokens_not_all_positions():
@@ -236,7 +236,7 @@ def test_sample_weight_scales_tokens_divisor_stays_real_tokens():
     )
 
 
-# --- Keras integration ---------------------------------------------------------
+# --- Keras integration -----------------------------------------------------
 
 
 def tiny_model(vocab, length, mask_zero=False):

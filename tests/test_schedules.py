@@ -49,6 +49,7 @@ def test_c11_peak_at_warmup_steps():
     assert peak == pytest.approx(128**-0.5 * 4000**-0.5, rel=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64")
 @pytest.mark.parametrize(
     "step",
     [

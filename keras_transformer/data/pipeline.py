@@ -108,7 +108,8 @@ def make_dataset(
     `[start] + t[:max_length] + [end]` and shifted into `decoder_inputs`
     (without the end id) and `labels` (without the start id), so the end id
     survives truncation and `labels[:, i] == decoder_inputs[:, i + 1]`.
-    Pairs where either side tokenizes to nothing are dropped.
+    Pairs where either side is empty or whitespace only (or tokenizes to
+    nothing) are dropped.
 
     With `bucket_boundaries`, examples are grouped with
     `tf.data.Dataset.bucket_by_sequence_length` by
@@ -219,6 +220,9 @@ def make_dataset(
         )
 
     src_lines, tgt_lines = _read_pairs(src, tgt)
+    kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() and t.strip()]
+    src_lines = [s for s, _ in kept]
+    tgt_lines = [t for _, t in kept]
     src_pad, tgt_pad = int(src_tokenizer.pad_id), int(tgt_tokenizer.pad_id)
     src_end = int(src_tokenizer.end_id)
     tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)

@@ -19,22 +19,24 @@ import os
 import random
 
 # Nouns: English singular, English plural, German gender ("m", "f", "n"),
-# German singular, German plural, and the German accusative/dative singular
-# when it differs from the nominative (weak nouns such as "Junge").
-_ANIMATE_NOUNS = (
+# German singular, German plural, and the German accusative singular when
+# it differs from the nominative (weak nouns such as "Junge").
+_PEOPLE = (
     ("man", "men", "m", "Mann", "Männer", None),
     ("woman", "women", "f", "Frau", "Frauen", None),
     ("child", "children", "n", "Kind", "Kinder", None),
     ("boy", "boys", "m", "Junge", "Jungen", "Jungen"),
     ("girl", "girls", "n", "Mädchen", "Mädchen", None),
+    ("teacher", "teachers", "m", "Lehrer", "Lehrer", None),
+    ("doctor", "doctors", "m", "Arzt", "Ärzte", None),
+)
+_ANIMALS = (
     ("dog", "dogs", "m", "Hund", "Hunde", None),
     ("cat", "cats", "f", "Katze", "Katzen", None),
     ("horse", "horses", "n", "Pferd", "Pferde", None),
     ("bird", "birds", "m", "Vogel", "Vögel", None),
-    ("teacher", "teachers", "m", "Lehrer", "Lehrer", None),
-    ("doctor", "doctors", "m", "Arzt", "Ärzte", None),
 )
-_OBJECT_NOUNS = _ANIMATE_NOUNS + (
+_THINGS = (
     ("ball", "balls", "m", "Ball", "Bälle", None),
     ("book", "books", "n", "Buch", "Bücher", None),
     ("apple", "apples", "m", "Apfel", "Äpfel", None),
@@ -45,20 +47,31 @@ _OBJECT_NOUNS = _ANIMATE_NOUNS + (
     ("guitar", "guitars", "f", "Gitarre", "Gitarren", None),
     ("car", "cars", "n", "Auto", "Autos", None),
 )
+_SUBJECT_NOUNS = _PEOPLE + _ANIMALS
+_OBJECT_NOUNS = _PEOPLE + _ANIMALS + _THINGS
 
-# Adjectives: English, German stem (declension ending appended).
+# Adjectives: English, German stem (declension ending appended), and the
+# kinds of noun it is used with ("p"eople, "a"nimals, "t"hings), so the
+# corpus has no "tired hat" and no skin colours.
 _ADJECTIVES = (
-    ("small", "klein"),
-    ("big", "groß"),
-    ("old", "alt"),
-    ("young", "jung"),
-    ("happy", "fröhlich"),
-    ("tired", "müd"),
-    ("black", "schwarz"),
-    ("white", "weiß"),
-    ("brown", "braun"),
-    ("red", "rot"),
+    ("small", "klein", "pat"),
+    ("big", "groß", "pat"),
+    ("old", "alt", "pat"),
+    ("young", "jung", "pa"),
+    ("happy", "fröhlich", "pa"),
+    ("tired", "müd", "pa"),
+    ("black", "schwarz", "at"),
+    ("white", "weiß", "at"),
+    ("brown", "braun", "at"),
+    ("red", "rot", "t"),
 )
+
+
+def _noun_kind(noun):
+    if noun in _PEOPLE:
+        return "p"
+    return "a" if noun in _ANIMALS else "t"
+
 
 # Verbs: English 3rd singular, English plural, German 3rd singular, plural.
 _INTRANSITIVE_VERBS = (
@@ -120,7 +133,9 @@ def _noun_phrase(rng, nouns, case):
     noun = rng.choice(nouns)
     en_sg, en_pl, gender, de_sg, de_pl, de_oblique = noun
     article, plural = rng.choice(_NP_FORMS)
-    adjective = rng.choice(_ADJECTIVES) if rng.random() < 0.5 else None
+    kind = _noun_kind(noun)
+    adjectives = [a for a in _ADJECTIVES if kind in a[2]]
+    adjective = rng.choice(adjectives) if rng.random() < 0.5 else None
 
     key = "pl" if plural else gender
     en_noun = en_pl if plural else en_sg
@@ -152,7 +167,7 @@ def _noun_phrase(rng, nouns, case):
 
 
 def _sentence_pair(rng):
-    subj_en, subj_de, plural = _noun_phrase(rng, _ANIMATE_NOUNS, "nom")
+    subj_en, subj_de, plural = _noun_phrase(rng, _SUBJECT_NOUNS, "nom")
     number = 1 if plural else 0
     en, de = list(subj_en), list(subj_de)
     if rng.random() < 0.5:

@@ -27,6 +27,7 @@ is applied to the *input text* only, so the special pieces keep their exact
 case in the vocabulary.
 """
 
+import hashlib
 import io
 import json
 import os
@@ -179,8 +180,13 @@ class SubwordTokenizer(tf.Module):
         self._lowercase = bool(lowercase)
         self._processor = processor
         self._vocab_size = int(processor.get_piece_size())
+        # A name unique to the model: the SentencePiece op's resource is
+        # shared by node name, so two tokenizers restored from one
+        # SavedModel under the default name would both get the first model.
         self._tokenizer = tf_text.SentencepieceTokenizer(
-            model=proto, out_type=tf.int32
+            model=proto,
+            out_type=tf.int32,
+            name="sentencepiece_" + hashlib.sha1(proto).hexdigest()[:16],
         )
 
     @property

@@ -1,0 +1,142 @@
+"""Beam search with a key/value cache and the GNMT length penalty."""
+
+from keras import ops
+
+from keras_transformer.decoding.limits import decode_limits
+from keras_transformer.decoding.limits import flatten_caches
+from keras_transformer.decoding.limits import unflatten_caches
+
+_NEG = -1e9  # finite "impossible" score: -inf would give inf - inf = NaN
+
+
+def length_penalty_factor(length, alpha):
+    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def beam_search(
+    parts,
+    source_ids,
+    *,
+    start_id,
+    end_id,
+    pad_id=0,
+    beam_size=4,
+    length_penalty=0.6,
+    n_best=1,
+    max_length=None,
+    length_ratio=None,
+    length_offset=10,
+):
+    """Beam search over a batch, `beam_size` hypotheses per sentence.
+
+    Each sentence keeps `beam_size` hypotheses ranked by
+    `log P(y) / lp(y)` with the GNMT penalty `lp = ((5 + |y|) / 6) ** alpha`
+    (`alpha = length_penalty`; 0 ranks by raw log-probability), applied per
+    hypothesis to its own length. The encoder output, its padding mask and
+    the cross-attention keys/values are repeated once per beam (C18). A
+    hypothesis that produced `end_id` is finished: it is never extended,
+    its score stays fixed, and only `pad_id` follows (C20). Decoding stops
+    when every hypothesis is finished or at the limit of `decode_limits`,
+    where the end token is forced.
+
+    Args:
+        parts: `TransformerParts` of the model.
+        source_ids: int32 `(batch, source_length)`, padded with `pad_id`.
+        start_id, end_id, pad_id: special token ids.
+        beam_size: int >= 1; `beam_size=1` gives greedy decoding.
+        length_penalty: float `alpha` >= 0 (0.6 in Wu et al. and in the
+            Transformer paper, section 6.1).
+        n_best: int in [1, beam_size], hypotheses returned per sentence.
+        max_length, length_ratio, length_offset: see `greedy_search`.
+
+    Returns:
+        `(tokens, scores)`: int32 `(batch, n_best, max_length)` ids sorted
+        best first (end token included, no start token), and float32
+        `(batch, n_best)` length-normalised log-probabilities.
+
+    Raises:
+        ValueError: for `beam_size < 1`, `n_best` outside `[1, beam_size]`,
+            a negative `length_penalty`, or `beam_size` above the vocabulary.
+
+    References:
+        Vaswani et al. (2017), section 6.1; Wu et al. (2016), "Google's
+        Neural Machine Translation System", section 7.
+    """
+    beam_size, n_best = int(beam_size), int(n_best)
+    if beam_size < 1:
+        raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"`n_best` must be in [1, beam_size={beam_size}]; got {n_best}.")
+    if length_penalty < 0:
+        raise ValueError(f"`length_penalty` must be >= 0; got {length_penalty}.")
+    vocab = parts.vocab_size
+    if beam_size > vocab:
+        raise ValueError(f"`beam_size`={beam_size} exceeds the vocabulary size {vocab}.")
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
+    k = beam_size
+    encoder_outputs, encoder_mask = parts.encode(source_ids)
+    batch = ops.shape(source_ids)[0]
+    limits = decode_limits(encoder_mask, length, length_ratio, length_offset)
+    # Repeat per beam: row b*k + j is beam j of sentence b.
+    cross = [
+        (ops.repeat(key, k, axis=0), ops.repeat(value, k, axis=0))
+        for key, value in parts.cross_caches(encoder_outputs)
+    ]
+    encoder_mask = ops.repeat(encoder_mask, k, axis=0)
+    caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
+
+    vocab_ids = ops.arange(vocab, dtype="int32")
+    only_pad = ops.where(ops.equal(vocab_ids, pad_id), 0.0, _NEG)  # (V,)
+    is_end = ops.equal(vocab_ids, end_id)
+    beam_offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * k, 1)  # (B, 1)
+
+    sequences = ops.full((batch, k, length), pad_id, "int32")
+    # Only beam 0 is alive at first, so the k beams start out distinct.
+    scores = ops.tile(
+        ops.expand_dims(ops.concatenate([ops.zeros((1,)), ops.full((k - 1,), _NEG)]), 0),
+        (batch, 1),
+    )
+    finished = ops.zeros((batch, k), "bool")
+    lengths = ops.zeros((batch, k), "int32")
+    last = ops.full((batch * k,), start_id, "int32")
+
+    def cond(t, last, sequences, scores, finished, lengths, *caches):
+        return ops.logical_and(t < length, ops.logical_not(ops.all(finished)))
+
+    def body(t, last, sequences, scores, finished, lengths, *caches):
+        logits, new_caches = parts.decode_step(
+            last, t, unflatten_caches(caches), cross, encoder_mask
+        )
+        log_probs = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, k, vocab))
+        at_limit = ops.reshape(ops.greater_equal(t + 1, limits), (batch, 1, 1))
+        log_probs = ops.where(ops.logical_and(at_limit, ops.logical_not(is_end)), _NEG, log_probs)
+        log_probs = ops.where(ops.expand_dims(finished, -1), only_pad, log_probs)
+        total = ops.expand_dims(scores, -1) + log_probs  # (B, k, V)
+        new_length = ops.where(finished, lengths, t + 1)
+        normalised = total / ops.expand_dims(length_penalty_factor(new_length, length_penalty), -1)
+        _, index = ops.top_k(ops.reshape(normalised, (batch, k * vocab)), k)
+        index = ops.cast(index, "int32")
+        parent = index // vocab
+        token = index % vocab
+        scores = ops.take_along_axis(ops.reshape(total, (batch, k * vocab)), index, axis=1)
+        was_finished = ops.take_along_axis(finished, parent, axis=1)
+        lengths = ops.take_along_axis(new_length, parent, axis=1)
+        finished = ops.logical_or(was_finished, ops.equal(token, end_id))
+        sequences = ops.take_along_axis(sequences, ops.expand_dims(parent, -1), axis=1)
+        sequences = ops.slice_update(sequences, [0, 0, t], ops.expand_dims(token, -1))
+        rows = ops.reshape(beam_offsets + parent, (-1,))
+        new_caches = [ops.take(cache, rows, axis=0) for cache in flatten_caches(new_caches)]
+        return (t + 1, ops.reshape(token, (-1,)), sequences, scores, finished, lengths, *new_caches)
+
+    outputs = ops.while_loop(
+        cond,
+        body,
+        (ops.convert_to_tensor(0, "int32"), last, sequences, scores, finished, lengths, *caches),
+    )
+    sequences, scores, lengths = outputs[2], outputs[3], outputs[5]
+    normalised = scores / length_penalty_factor(lengths, length_penalty)
+    best_scores, order = ops.top_k(normalised, n_best)
+    best = ops.take_along_axis(sequences, ops.expand_dims(ops.cast(order, "int32"), -1), axis=1)
+    return best, best_scores

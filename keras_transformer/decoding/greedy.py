@@ -1,0 +1,79 @@
+"""Greedy decoding with a key/value cache."""
+
+from keras import ops
+
+from keras_transformer.decoding.limits import decode_limits
+from keras_transformer.decoding.limits import flatten_caches
+from keras_transformer.decoding.limits import unflatten_caches
+
+
+def greedy_search(
+    parts,
+    source_ids,
+    *,
+    start_id,
+    end_id,
+    pad_id=0,
+    max_length=None,
+    length_ratio=None,
+    length_offset=10,
+):
+    """Pick the most probable token at each step until `end_id`.
+
+    The encoder runs once; the decoder runs one position per step against a
+    key/value cache (`TransformerParts.decode_step`). The loop is
+    `keras.ops.while_loop`, so it runs on every backend and traces into a
+    `tf.function` / XLA graph on tensorflow. It stops when every sentence
+    has produced `end_id` or reached its limit (`decode_limits`); the end
+    token is forced at the limit, and only `pad_id` follows it.
+
+    Args:
+        parts: `TransformerParts` of the model.
+        source_ids: int32 `(batch, source_length)`, padded with `pad_id`.
+        start_id: int, first decoder input.
+        end_id: int, stops a sentence.
+        pad_id: int, fills positions after `end_id`.
+        max_length: int, most output tokens; default and upper bound: the
+            model's `max_length`.
+        length_ratio: optional float, see `decode_limits`.
+        length_offset: int, see `decode_limits`.
+
+    Returns:
+        `(tokens, scores)`: int32 `(batch, max_length)` output ids (the end
+        token included, no start token) and float32 `(batch,)` sums of the
+        chosen tokens' log-probabilities.
+    """
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
+    encoder_outputs, encoder_mask = parts.encode(source_ids)
+    batch = ops.shape(source_ids)[0]
+    limits = decode_limits(encoder_mask, length, length_ratio, length_offset)
+    cross = parts.cross_caches(encoder_outputs)
+    caches = flatten_caches(parts.empty_self_caches(batch, length, encoder_outputs.dtype))
+    tokens = ops.full((batch, length), pad_id, "int32")
+    last = ops.full((batch,), start_id, "int32")
+    finished = ops.zeros((batch,), "bool")
+    scores = ops.zeros((batch,), "float32")
+
+    def cond(t, last, tokens, finished, scores, *caches):
+        return ops.logical_and(t < length, ops.logical_not(ops.all(finished)))
+
+    def body(t, last, tokens, finished, scores, *caches):
+        logits, new_caches = parts.decode_step(
+            last, t, unflatten_caches(caches), cross, encoder_mask
+        )
+        log_probs = ops.log_softmax(logits, axis=-1)
+        at_limit = ops.greater_equal(t + 1, limits)
+        best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        best = ops.where(at_limit, end_id, best)
+        best = ops.where(finished, pad_id, best)
+        gained = ops.take_along_axis(log_probs, best[:, None], axis=-1)[:, 0]
+        scores = scores + ops.where(finished, 0.0, gained)
+        tokens = ops.slice_update(tokens, [0, t], best[:, None])
+        finished = ops.logical_or(finished, ops.equal(best, end_id))
+        return (t + 1, best, tokens, finished, scores, *flatten_caches(new_caches))
+
+    outputs = ops.while_loop(
+        cond, body, (ops.convert_to_tensor(0, "int32"), last, tokens, finished, scores, *caches)
+    )
+    return outputs[2], outputs[4]

@@ -1,0 +1,117 @@
+"""Access to the pieces of a built Transformer for step-by-step decoding."""
+
+from keras import ops
+
+from keras_transformer.layers.masks import padding_mask
+
+
+class TransformerParts:
+    """The layers of a `build_transformer` model, wired for decoding.
+
+    Finds the layers by their stable names, runs the encoder once per
+    source, and runs the decoder one token at a time against a key/value
+    cache: self-attention keys and values are written into a fixed-size
+    cache per layer, cross-attention keys and values are computed once per
+    source. Everything uses `keras.ops`, so it works on every backend.
+
+    Args:
+        model: a model from `build_transformer` (or loaded from `.keras`).
+        pad_id: int, padding id of the source.
+
+    Raises:
+        ValueError: if `model` lacks the expected layers.
+    """
+
+    def __init__(self, model, pad_id=0):
+        try:
+            self.encoder_embedding = model.get_layer("encoder_embedding")
+            self.decoder_embedding = model.get_layer("decoder_embedding")
+            self.logits_layer = model.get_layer("logits")
+        except ValueError as error:
+            raise ValueError(
+                "Decoding needs a model made by keras_transformer."
+                f"build_transformer (layer names encoder_embedding, "
+                f"decoder_embedding, logits): {error}"
+            ) from None
+        names = [layer.name for layer in model.layers]
+        self.encoder_layers = [
+            model.get_layer(n) for n in names if n.startswith("encoder_layer_")
+        ]
+        self.decoder_layers = [
+            model.get_layer(n) for n in names if n.startswith("decoder_layer_")
+        ]
+        self.encoder_final_norm = (
+            model.get_layer("encoder_final_norm") if "encoder_final_norm" in names else None
+        )
+        self.decoder_final_norm = (
+            model.get_layer("decoder_final_norm") if "decoder_final_norm" in names else None
+        )
+        self.model = model
+        self.pad_id = pad_id
+        self.max_length = self.decoder_embedding.max_length
+        self.source_max_length = self.encoder_embedding.max_length
+        self.vocab_size = self.logits_layer.vocab_size
+        first = self.decoder_layers[0]
+        self.num_heads = first.num_heads
+        self.key_dim = first.key_dim
+
+    def encode(self, source_ids):
+        """Encoder stack. Returns `(outputs (batch, S, d_model), mask (batch, S))`."""
+        mask = padding_mask(source_ids, self.pad_id)
+        x = self.encoder_embedding(source_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, mask=mask)
+        if self.encoder_final_norm is not None:
+            x = self.encoder_final_norm(x)
+        return x, mask
+
+    def cross_caches(self, encoder_outputs):
+        """Per decoder layer `(key, value)`, each `(batch, S, heads, key_dim)`."""
+        return [layer.precompute_cross_attention_cache(encoder_outputs) for layer in self.decoder_layers]
+
+    def empty_self_caches(self, batch_size, length, dtype):
+        """Per decoder layer zero `(key, value)` caches `(batch, length, heads, key_dim)`."""
+        shape = (batch_size, length, self.num_heads, self.key_dim)
+        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in self.decoder_layers]
+
+    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_mask,
+                    return_attention_scores=False):
+        """One decoder position with the cache.
+
+        Args:
+            token_ids: int `(batch,)`, the tokens at position `index`.
+            index: scalar int, their position.
+            self_caches: list of `(key, value)` from `empty_self_caches`.
+            cross_caches: list of `(key, value)` from `cross_caches`.
+            encoder_mask: bool `(batch, S)`.
+
+        Returns:
+            `(logits (batch, vocab) float32, new self_caches)`, plus the last
+            layer's cross-attention weights `(batch, heads, S)` if asked.
+        """
+        x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index)
+        new_caches = []
+        weights = None
+        for layer, (key, value), (cross_key, cross_value) in zip(
+            self.decoder_layers, self_caches, cross_caches
+        ):
+            outputs = layer.call_cached(
+                x, key, value, index, cross_key, cross_value, encoder_mask,
+                return_attention_scores=return_attention_scores,
+            )
+            x, key, value = outputs[:3]
+            if return_attention_scores:
+                weights = outputs[3][:, :, 0, :]
+            new_caches.append((key, value))
+        if self.decoder_final_norm is not None:
+            x = self.decoder_final_norm(x)
+        logits = self.logits_layer(x)[:, 0, :]
+        if return_attention_scores:
+            return logits, new_caches, weights
+        return logits, new_caches
+
+    def decode_uncached(self, source_ids, target_ids):
+        """The full model on a whole prefix: logits `(batch, T, vocab)`."""
+        return self.model(
+            {"encoder_inputs": source_ids, "decoder_inputs": target_ids}, training=False
+        )

@@ -1,0 +1,220 @@
+"""Train a Transformer on aligned text files with `model.fit`, resumably.
+
+A run lives in one folder:
+
+- `config.json`: everything needed to rebuild the model and its inputs;
+- `source.model` / `target.model` (+ `.json`): the SentencePiece tokenizers;
+- `checkpoints/`: `keras.callbacks.BackupAndRestore` state; a run started
+  again on the same folder resumes from its last backup;
+- `model.keras`: the weights after the latest epoch, `best.keras`: the best
+  on validation loss;
+- `log.csv`: per-epoch losses, accuracies and learning rates.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import keras
+
+from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
+from keras_transformer.metrics import MaskedAccuracy
+from keras_transformer.models.presets import get_preset
+from keras_transformer.models.transformer import build_transformer
+from keras_transformer.schedules import WarmupSchedule
+from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
+from keras_transformer.tokenizers.subword_tokenizer import train_subword_tokenizer
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """What a training run needs; every field has a default but the data.
+
+    Attributes:
+        train_src, train_tgt: aligned training files (plain or `.gz`).
+        val_src, val_tgt: aligned validation files, or None.
+        output_dir: run folder (created; reused to resume).
+        preset: model size from `keras_transformer.models.PRESETS`.
+        num_layers, d_model, num_heads, dff, dropout_rate: preset overrides.
+        max_length: longest source / target in subword tokens.
+        src_vocab_size, tgt_vocab_size: SentencePiece vocabulary sizes.
+        lowercase: lowercase the text before tokenizing.
+        tokens_per_batch: token budget per batch (per side), with length
+            bucketing; `batch_size` is used when it is None.
+        batch_size: sentences per batch without `tokens_per_batch`.
+        epochs: passes over the training data.
+        warmup_steps, lr_scale: `WarmupSchedule` (section 5.3).
+        label_smoothing: epsilon of section 5.4 (0.1 in the paper).
+        seed: random seed.
+        jit_compile: XLA for the train step (`"auto"` lets Keras choose).
+        max_train_pairs: use only the first N pairs (smoke runs).
+    """
+
+    train_src: str
+    train_tgt: str
+    val_src: str = None
+    val_tgt: str = None
+    output_dir: str = "runs/model"
+    preset: str = "small"
+    num_layers: int = None
+    d_model: int = None
+    num_heads: int = None
+    dff: int = None
+    dropout_rate: float = None
+    max_length: int = 64
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    lowercase: bool = False
+    tokens_per_batch: int = 4096
+    batch_size: int = 64
+    epochs: int = 20
+    warmup_steps: int = 1000
+    lr_scale: float = 0.5
+    label_smoothing: float = 0.1
+    seed: int = 0
+    jit_compile: object = False
+    max_train_pairs: int = None
+
+    def model_config(self):
+        """The `build_transformer` keyword arguments (without vocab sizes)."""
+        config = get_preset(
+            self.preset,
+            num_layers=self.num_layers,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            dff=self.dff,
+            dropout_rate=self.dropout_rate,
+        )
+        config["max_length"] = self.max_length
+        return config
+
+
+def _tokenizer(path, data, vocab_size, lowercase):
+    if os.path.exists(path + ".model"):
+        return SubwordTokenizer.load(path)
+    tokenizer = train_subword_tokenizer(data, vocab_size, lowercase=lowercase)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def load_run(output_dir, which="best"):
+    """Model and tokenizers of a run folder.
+
+    Args:
+        output_dir: the run folder written by `train`.
+        which: `"best"` (lowest validation loss) or `"last"`.
+
+    Returns:
+        `(model, source_tokenizer, target_tokenizer, config_dict)`.
+
+    Raises:
+        FileNotFoundError: if the folder holds no trained model.
+    """
+    with open(os.path.join(output_dir, "config.json")) as f:
+        config = json.load(f)
+    names = ["best.keras", "model.keras"] if which == "best" else ["model.keras"]
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path):
+            model = keras.saving.load_model(path, compile=False)
+            break
+    else:
+        raise FileNotFoundError(
+            f"No trained model in {output_dir} (looked for {names}); "
+            "run `keras-transformer train` first."
+        )
+    src = SubwordTokenizer.load(os.path.join(output_dir, "source"))
+    tgt = SubwordTokenizer.load(os.path.join(output_dir, "target"))
+    return model, src, tgt, config
+
+
+class _Timer(keras.callbacks.Callback):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = time.time() - self.start
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"epoch": epoch + 1, "seconds": round(elapsed, 1), **{
+                k: float(v) for k, v in (logs or {}).items()}}) + "\n")
+
+
+def train(config, verbose=1):
+    """Train (or resume) a run described by a `TrainingConfig`.
+
+    Returns:
+        `(model, source_tokenizer, target_tokenizer)` after the last epoch.
+    """
+    keras.utils.set_random_seed(config.seed)
+    out = config.output_dir
+    os.makedirs(out, exist_ok=True)
+    from keras_transformer.data.text_files import read_lines
+
+    src_lines = read_lines(config.train_src)
+    tgt_lines = read_lines(config.train_tgt)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"{config.train_src} has {len(src_lines)} lines but {config.train_tgt} "
+            f"has {len(tgt_lines)}; the files must be aligned line by line."
+        )
+    if config.max_train_pairs:
+        src_lines = src_lines[: config.max_train_pairs]
+        tgt_lines = tgt_lines[: config.max_train_pairs]
+    src_tok = _tokenizer(os.path.join(out, "source"), src_lines, config.src_vocab_size, config.lowercase)
+    tgt_tok = _tokenizer(os.path.join(out, "target"), tgt_lines, config.tgt_vocab_size, config.lowercase)
+
+    model_config = config.model_config()
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(
+            {
+                "training": dataclasses.asdict(config),
+                "model": dict(
+                    model_config,
+                    src_vocab_size=src_tok.vocab_size,
+                    tgt_vocab_size=tgt_tok.vocab_size,
+                ),
+            },
+            f,
+            indent=2,
+        )
+
+    def dataset(src, tgt, shuffle):
+        return make_dataset(
+            src, tgt, src_tok, tgt_tok,
+            max_length=config.max_length,
+            tokens_per_batch=config.tokens_per_batch,
+            batch_size=config.batch_size,
+            shuffle=shuffle,
+            seed=config.seed,
+        )
+
+    train_ds = dataset(src_lines, tgt_lines, True)
+    val_ds = dataset(config.val_src, config.val_tgt, False) if config.val_src else None
+
+    model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
+    schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
+    model.compile(
+        optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
+        loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
+        metrics=[MaskedAccuracy()],
+        jit_compile=config.jit_compile,
+    )
+    monitor = "val_loss" if val_ds is not None else "loss"
+    callbacks = [
+        keras.callbacks.BackupAndRestore(os.path.join(out, "checkpoints"), save_freq="epoch"),
+        keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(out, "best.keras"), monitor=monitor, save_best_only=True
+        ),
+        keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
+        keras.callbacks.TerminateOnNaN(),
+        _Timer(os.path.join(out, "epochs.jsonl")),
+    ]
+    model.fit(train_ds, validation_data=val_ds, epochs=config.epochs, callbacks=callbacks, verbose=verbose)
+    return model, src_tok, tgt_tok

@@ -1,0 +1,142 @@
+"""String-to-string translation: tokenize, decode with a cache, detokenize."""
+
+import tensorflow as tf
+
+from keras_transformer.data.packing import pack_source
+from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding.model_parts import TransformerParts
+
+
+class Translator(tf.Module):
+    """Translate strings with a trained Transformer, in one TensorFlow graph.
+
+    Tokenizes the source in-graph, packs it as the training pipeline does
+    (`t[:max_length - 1] + [end_id]`), decodes with greedy search
+    (`beam_size=1`) or beam search with the GNMT length penalty, both with a
+    key/value cache, and detokenizes, dropping every special token. The
+    whole path is a `tf.function`, so it exports to a SavedModel
+    (`keras_transformer.export`) that needs only `tensorflow` and
+    `tensorflow_text` to run.
+
+    Input limit (C09): a source longer than the model's `max_length` is
+    truncated to its first `max_length - 1` subword tokens plus the end
+    token, the rule the training pipeline applies; nothing is raised.
+
+    Needs the tensorflow Keras backend (the tokenizers are TensorFlow ops).
+
+    Args:
+        model: a `build_transformer` model.
+        src_tokenizer: `SubwordTokenizer` of the source language.
+        tgt_tokenizer: `SubwordTokenizer` of the target language.
+        beam_size: int, 1 for greedy decoding.
+        length_penalty: float, GNMT `alpha` for beam search.
+        max_length: int, most output tokens; default the model's.
+        length_ratio: optional float; outputs stop at
+            `ceil(length_ratio * source_tokens) + 10` tokens if that is
+            sooner.
+
+    Call arguments:
+        text: a `str`, a list of `str`, or a `tf.string` tensor of rank 0
+            or 1.
+
+    Returns:
+        `tf.string` translations of the shape of `text` (scalar in, scalar
+        out; `(batch,)` in, `(batch,)` out).
+
+    Example:
+    >>> translator = Translator(model, src_tok, tgt_tok, beam_size=4)
+    >>> translator(["A dog runs ."]).numpy()
+    """
+
+    def __init__(
+        self,
+        model,
+        src_tokenizer,
+        tgt_tokenizer,
+        *,
+        beam_size=4,
+        length_penalty=0.6,
+        max_length=None,
+        length_ratio=None,
+        name=None,
+    ):
+        super().__init__(name=name)
+        if int(beam_size) < 1:
+            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        self.model = model
+        self.src_tokenizer = src_tokenizer
+        self.tgt_tokenizer = tgt_tokenizer
+        self._parts = TransformerParts(model, pad_id=src_tokenizer.pad_id)
+        self.beam_size = int(beam_size)
+        self.length_penalty = float(length_penalty)
+        self.max_length = max_length
+        self.length_ratio = length_ratio
+        self.source_max_length = self._parts.source_max_length
+
+    def _search_kwargs(self):
+        return dict(
+            start_id=self.tgt_tokenizer.start_id,
+            end_id=self.tgt_tokenizer.end_id,
+            pad_id=self.tgt_tokenizer.pad_id,
+            max_length=self.max_length,
+            length_ratio=self.length_ratio,
+        )
+
+    def encode_source(self, text):
+        """`(batch,)` strings -> int32 `(batch, length)` packed source ids."""
+        ids = self.src_tokenizer.tokenize(text)
+        return pack_source(
+            ids,
+            self.source_max_length,
+            end_id=self.src_tokenizer.end_id,
+            pad_id=self.src_tokenizer.pad_id,
+            pad_to_max_length=False,
+        )
+
+    def translate_ids(self, source_ids, n_best=1):
+        """Decode packed source ids.
+
+        Returns:
+            `(tokens int32 (batch, n_best, length), scores float32 (batch,
+            n_best))`; with `beam_size=1`, `n_best` must be 1 and scores
+            are summed log-probabilities.
+        """
+        if self.beam_size == 1:
+            if n_best != 1:
+                raise ValueError("Greedy decoding (beam_size=1) returns n_best=1 only.")
+            tokens, scores = greedy_search(self._parts, source_ids, **self._search_kwargs())
+            return tokens[:, None, :], scores[:, None]
+        return beam_search(
+            self._parts,
+            source_ids,
+            beam_size=self.beam_size,
+            length_penalty=self.length_penalty,
+            n_best=n_best,
+            **self._search_kwargs(),
+        )
+
+    def translate_batch(self, text, n_best=1):
+        """`(batch,)` strings -> `(translations (batch, n_best), scores)`."""
+        source_ids = self.encode_source(text)
+        tokens, scores = self.translate_ids(source_ids, n_best=n_best)
+        shape = tf.shape(tokens)
+        flat = tf.reshape(tokens, (shape[0] * shape[1], shape[2]))
+        texts = self.tgt_tokenizer.detokenize(flat)
+        return tf.reshape(texts, (shape[0], shape[1])), scores
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(self, text):
+        """The serving signature: `text` (batch,) -> translation, score."""
+        translations, scores = self.translate_batch(text)
+        return {"translation": translations[:, 0], "score": scores[:, 0]}
+
+    def __call__(self, text):
+        text = tf.convert_to_tensor(text, tf.string)
+        if text.shape.rank == 0:
+            return self.serve(tf.reshape(text, (1,)))["translation"][0]
+        if text.shape.rank != 1:
+            raise ValueError(
+                f"Translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
+            )
+        return self.serve(text)["translation"]

@@ -1,0 +1,230 @@
+"""Tests for keras_transformer.data (text files and make_dataset)."""
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data import auto_bucket_boundaries
+from keras_transformer.data import make_dataset
+from keras_transformer.data import make_synthetic_corpus
+from keras_transformer.data import padding_share
+from keras_transformer.data import read_lines
+from keras_transformer.data import read_parallel
+from keras_transformer.data import text_line_dataset
+from keras_transformer.tokenizers import END_ID
+from keras_transformer.tokenizers import PAD_ID
+from keras_transformer.tokenizers import START_ID
+from keras_transformer.tokenizers import train_subword_tokenizer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def multi30k_dir():
+    path = os.environ.get("MULTI30K_DIR") or os.path.join(
+        REPO_ROOT, "..", "shared", "data", "multi30k"
+    )
+    if not os.path.exists(os.path.join(path, "train.en.gz")):
+        message = f"Multi30k not found at {path!r}; set MULTI30K_DIR."
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    en, de = make_synthetic_corpus(600, seed=0)
+    # A pair with an empty side and a whitespace-only side: both dropped.
+    return en + ["", "A dog runs."], de + ["Ein Hund läuft.", "   "]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(corpus):
+    en, de = corpus
+    return (
+        train_subword_tokenizer(en, vocab_size=150),
+        train_subword_tokenizer(de, vocab_size=150),
+    )
+
+
+def collect(ds):
+    return [
+        (x["encoder_inputs"].numpy(), x["decoder_inputs"].numpy(), y.numpy())
+        for x, y in ds
+    ]
+
+
+def test_element_spec_shapes_and_dtypes(corpus, tokenizers):
+    en, de = corpus
+    ds = make_dataset(en, de, *tokenizers, batch_size=32, max_length=10)
+    spec_inputs, spec_labels = ds.element_spec
+    assert set(spec_inputs) == {"encoder_inputs", "decoder_inputs"}
+    for spec in (*spec_inputs.values(), spec_labels):
+        assert spec.dtype == tf.int32
+        assert spec.shape.as_list() == [None, None]
+    batches = collect(ds)
+    assert sum(len(b[0]) for b in batches) == 600  # two pairs dropped
+    for enc, dec, lab in batches:
+        assert enc.shape[0] == dec.shape[0] == lab.shape[0] <= 32
+        assert dec.shape == lab.shape
+        assert enc.shape[1] <= 10 and dec.shape[1] <= 10
+        # Padded to the longest sequence of the batch, not beyond.
+        assert (enc[:, -1] != PAD_ID).any() and (dec[:, -1] != PAD_ID).any()
+
+
+def test_teacher_forcing_invariants(corpus, tokenizers):
+    en, de = corpus
+    ds = make_dataset(en, de, *tokenizers, batch_size=64, max_length=8)
+    truncated = 0
+    for enc, dec, lab in collect(ds):
+        assert (dec[:, 0] == START_ID).all()
+        assert not (dec == END_ID).any()
+        assert ((lab == END_ID).sum(axis=1) == 1).all()
+        assert ((enc == END_ID).sum(axis=1) == 1).all()
+        real = dec[:, 1:] != PAD_ID
+        np.testing.assert_array_equal(lab[:, :-1][real], dec[:, 1:][real])
+        # Pads only after the end id.
+        lab_len = (lab != PAD_ID).sum(axis=1)
+        assert (lab[np.arange(len(lab)), lab_len - 1] == END_ID).all()
+        assert ((dec != PAD_ID).sum(axis=1) == lab_len).all()
+        truncated += int((lab_len == 8).sum())
+    assert truncated > 0  # max_length=8 truncates some targets
+
+
+def test_labels_detokenize_to_the_raw_targets(corpus, tokenizers):
+    en, de = corpus
+    _, de_tok = tokenizers
+    ds = make_dataset(
+        en[:50], de[:50], *tokenizers, max_length=64, shuffle=False
+    )
+    decoded = []
+    for _, labels in ds:
+        decoded += [s.decode("utf-8") for s in de_tok.detokenize(labels).numpy()]
+    assert decoded == de[:50]
+
+
+def test_shuffle_is_seeded(corpus, tokenizers):
+    en, de = corpus
+    kwargs = dict(batch_size=16, max_length=12, seed=7)
+    first = collect(make_dataset(en, de, *tokenizers, **kwargs))
+    second = collect(make_dataset(en, de, *tokenizers, **kwargs))
+    assert all(
+        (a == b).all() for x, y in zip(first, second) for a, b in zip(x, y)
+    )
+    ordered = collect(make_dataset(en, de, *tokenizers, shuffle=False, **kwargs))
+    assert not all(
+        a.shape == b.shape and (a == b).all()
+        for x, y in zip(first, ordered)
+        for a, b in zip(x, y)
+    )
+
+
+def test_tokens_per_batch_bucketing(corpus, tokenizers):
+    en, de = corpus
+    ds = make_dataset(
+        en, de, *tokenizers, max_length=16, tokens_per_batch=128, seed=0
+    )
+    batches = collect(ds)
+    assert sum(len(b[0]) for b in batches) == 600
+    boundaries = auto_bucket_boundaries(16)
+    assert boundaries == [9, 13, 17]
+    for enc, dec, _ in batches:
+        longest = max(enc.shape[1], dec.shape[1])
+        upper = next(b - 1 for b in boundaries if longest < b)
+        assert len(enc) <= 128 // upper
+        assert len(enc) * longest <= 128
+
+
+def test_pad_to_bucket_boundary_gives_few_shapes(corpus, tokenizers):
+    en, de = corpus
+    ds = make_dataset(
+        en,
+        de,
+        *tokenizers,
+        batch_size=32,
+        max_length=16,
+        bucket_boundaries=[9, 13, 17],
+        pad_to_bucket_boundary=True,
+        seed=0,
+    )
+    lengths = {b[0].shape[1] for b in collect(ds)} | {
+        b[1].shape[1] for b in collect(ds)
+    }
+    assert lengths <= {8, 12, 16}
+
+
+def test_repeat_and_padding_share(corpus, tokenizers):
+    en, de = corpus
+    ds = make_dataset(en, de, *tokenizers, batch_size=32, repeat=True, seed=0)
+    assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
+    share = padding_share(ds, n_batches=40)  # 40 * 32 > 600: wraps around
+    assert 0.0 < share < 0.5
+    with pytest.raises(ValueError, match="n_batches"):
+        padding_share(ds)
+
+
+def test_paths_plain_and_gzip(tmp_path, corpus, tokenizers):
+    en, de = corpus
+    src = tmp_path / "train.en"
+    src.write_text("\n".join(en) + "\n", encoding="utf-8")
+    tgt = tmp_path / "train.de.gz"
+    with gzip.open(tgt, "wt", encoding="utf-8") as f:
+        f.write("\n".join(de) + "\n")
+    assert read_lines(src) == en and read_lines(tgt) == de
+    assert [t.decode() for t in text_line_dataset(tgt).as_numpy_iterator()] == de
+    from_files = collect(
+        make_dataset(str(src), str(tgt), *tokenizers, shuffle=False)
+    )
+    from_lists = collect(make_dataset(en, de, *tokenizers, shuffle=False))
+    assert len(from_files) == len(from_lists)
+    for x, y in zip(from_files, from_lists):
+        for a, b in zip(x, y):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_read_lines_keeps_spaces_and_handles_crlf(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_bytes(b" a b \r\nsecond\n\nlast")
+    assert read_lines(path) == [" a b ", "second", "", "last"]
+    lines = [t.decode() for t in text_line_dataset(path).as_numpy_iterator()]
+    assert lines == read_lines(path)
+
+
+def test_misaligned_inputs_raise(tmp_path, tokenizers):
+    a = tmp_path / "a.en"
+    a.write_text("one\ntwo\n", encoding="utf-8")
+    b = tmp_path / "b.de"
+    b.write_text("eins\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"a\.en.* 2 lines .*b\.de.* 1"):
+        read_parallel(a, b)
+    with pytest.raises(ValueError, match="2 source and 1 target"):
+        make_dataset(["x", "y"], ["z"], *tokenizers)
+    with pytest.raises(ValueError, match="max_length"):
+        make_dataset(["x"], ["y"], *tokenizers, max_length=1)
+    with pytest.raises(ValueError, match="tokens_per_batch"):
+        make_dataset(["x"], ["y"], *tokenizers, max_length=64, tokens_per_batch=32)
+    with pytest.raises(ValueError, match="bucket_boundaries"):
+        make_dataset(["x"], ["y"], *tokenizers, bucket_boundaries=[9, 5])
+
+
+@pytest.mark.corpus
+def test_bucketing_keeps_padding_low_on_multi30k():
+    directory = multi30k_dir()
+    en = read_lines(os.path.join(directory, "train.en.gz"))[:2000]
+    de = read_lines(os.path.join(directory, "train.de.gz"))[:2000]
+    en_tok = train_subword_tokenizer(en, vocab_size=1000)
+    de_tok = train_subword_tokenizer(de, vocab_size=1000)
+    bucketed = make_dataset(
+        en, de, en_tok, de_tok, max_length=64, tokens_per_batch=1024, seed=0
+    )
+    plain = make_dataset(en, de, en_tok, de_tok, batch_size=32, seed=0)
+    bucketed_share = padding_share(bucketed)
+    plain_share = padding_share(plain)
+    assert bucketed_share < 0.5
+    assert bucketed_share < plain_share
+    sizes = [len(y) for _, y in bucketed]
+    assert sum(sizes) == 2000
+    assert max(sizes) > min(sizes)  # batch size varies with length

@@ -1,0 +1,371 @@
+"""Tests for keras_transformer.tokenizers (SubwordTokenizer, training)."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.data import make_synthetic_corpus
+from keras_transformer.data import read_lines
+from keras_transformer.tokenizers import END_ID
+from keras_transformer.tokenizers import PAD_ID
+from keras_transformer.tokenizers import START_ID
+from keras_transformer.tokenizers import UNK_ID
+from keras_transformer.tokenizers import SubwordTokenizer
+from keras_transformer.tokenizers import train_subword_tokenizer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Extra training text: mixed case, and the characters of the special pieces
+# so that a user typing "</s>" round-trips as literal text.
+EXTRA = [
+    "Hello World",
+    "hello world",
+    "HELLO WORLD, hello again.",
+    "a < b and c > d, x/y or s/t.",
+    "Read <these> and </those> and <pad> and <s>.",
+] * 20
+
+
+def multi30k_dir():
+    path = os.environ.get("MULTI30K_DIR") or os.path.join(
+        REPO_ROOT, "..", "shared", "data", "multi30k"
+    )
+    if not os.path.exists(os.path.join(path, "train.de.gz")):
+        message = f"Multi30k not found at {path!r}; set MULTI30K_DIR."
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    _, german = make_synthetic_corpus(1500, seed=0)
+    return german + EXTRA
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus):
+    return train_subword_tokenizer(corpus, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def lower_tokenizer(corpus):
+    return train_subword_tokenizer(corpus, vocab_size=300, lowercase=True)
+
+
+def to_lists(ragged):
+    return [list(row) for row in ragged.to_list()]
+
+
+def test_special_ids_and_pieces(tokenizer):
+    assert (PAD_ID, UNK_ID, START_ID, END_ID) == (0, 1, 2, 3)
+    assert tokenizer.pad_id == 0 and tokenizer.start_id == 2
+    assert tokenizer.end_id == 3 and tokenizer.unk_id == 1
+    assert tokenizer.vocabulary()[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert tokenizer.id_to_piece(3) == "</s>"
+    assert tokenizer.piece_to_id("<s>") == START_ID
+    assert len(tokenizer.vocabulary()) == tokenizer.vocab_size
+    assert 100 < tokenizer.vocab_size <= 300
+
+
+def test_round_trip_is_lossless_on_training_text(tokenizer, corpus):
+    sentences = corpus[:200] + ["Der  Hund   läuft. ", "Hello World"]
+    ids = tokenizer.tokenize(sentences)
+    assert isinstance(ids, tf.RaggedTensor)
+    assert ids.dtype == tf.int32
+    decoded = [s.decode("utf-8") for s in tokenizer.detokenize(ids).numpy()]
+    assert decoded == sentences
+
+
+def test_tokenize_adds_no_special_ids(tokenizer):
+    ids = tokenizer.tokenize(["Der kleine Hund läuft im Park."])
+    flat = ids.flat_values.numpy()
+    assert flat.size > 0
+    assert not np.isin(flat, [PAD_ID, START_ID, END_ID]).any()
+
+
+def test_c17_scalar_vector_empty_string_and_empty_batch(tokenizer):
+    """C17: scalar in -> 1-D ids -> scalar out; n in -> n out; "" and []."""
+    scalar_ids = tokenizer.tokenize(tf.constant("ein Hund"))
+    assert isinstance(scalar_ids, tf.Tensor)
+    assert scalar_ids.shape.rank == 1 and scalar_ids.dtype == tf.int32
+    vector_ids = tokenizer.tokenize(tf.constant(["ein Hund"]))
+    assert vector_ids.shape.as_list() == [1, None]
+    assert vector_ids.to_list()[0] == scalar_ids.numpy().tolist()
+
+    scalar_text = tokenizer.detokenize(scalar_ids)
+    assert scalar_text.shape.rank == 0
+    assert scalar_text.numpy() == b"ein Hund"
+    vector_text = tokenizer.detokenize(vector_ids)
+    assert vector_text.shape.as_list() == [1]
+    assert vector_text.numpy().tolist() == [b"ein Hund"]
+
+    empty = tokenizer.tokenize(tf.constant([""]))
+    assert empty.to_list() == [[]]
+    assert tokenizer.detokenize(empty).numpy().tolist() == [b""]
+    assert tokenizer.tokenize(tf.constant("")).shape.as_list() == [0]
+
+    no_rows = tokenizer.tokenize(tf.constant([], tf.string))
+    assert no_rows.shape[0] == 0
+    assert tokenizer.detokenize(no_rows).shape.as_list() == [0]
+    dense_no_rows = tokenizer.detokenize(tf.zeros([0, 5], tf.int32))
+    assert dense_no_rows.shape.as_list() == [0]
+
+    three = tokenizer.detokenize(tokenizer.tokenize(["a", "", "Hund"]))
+    assert three.numpy().tolist() == [b"a", b"", b"Hund"]
+
+
+def test_tokenize_rejects_rank_2(tokenizer):
+    with pytest.raises(ValueError, match="rank-1"):
+        tokenizer.tokenize(tf.constant([["a", "b"]]))
+
+
+def test_detokenize_drops_pad_start_and_everything_after_end(tokenizer):
+    dog = tokenizer.tokenize("Hund").numpy().tolist()
+    cat = tokenizer.tokenize("Katze").numpy().tolist()
+    dense = tf.constant(
+        [
+            [START_ID] + dog + [END_ID] + cat + [PAD_ID],
+            [START_ID] + cat + [PAD_ID] * (len(dog) + 2),
+        ]
+    )
+    assert tokenizer.detokenize(dense).numpy().tolist() == [b"Hund", b"Katze"]
+    ragged = tf.ragged.constant([dog + [END_ID] + cat, [START_ID] + cat])
+    assert tokenizer.detokenize(ragged).numpy().tolist() == [b"Hund", b"Katze"]
+    one = tokenizer.detokenize([START_ID] + cat + [END_ID] + dog)
+    assert one.numpy() == b"Katze"
+    # int64 input and out-of-range ids (dropped) are accepted.
+    wide = tf.constant([cat + [tokenizer.vocab_size + 7]], tf.int64)
+    assert tokenizer.detokenize(wide).numpy().tolist() == [b"Katze"]
+
+
+def test_c25_lowercase_gives_equal_ids_for_case_variants(
+    tokenizer, lower_tokenizer
+):
+    """C25: lowercase=True folds case; lowercase=False keeps it."""
+    assert lower_tokenizer.lowercase is True
+    assert tokenizer.lowercase is False
+    lower_ids = lower_tokenizer.tokenize(["Hello World", "hello world"])
+    assert lower_ids.to_list()[0] == lower_ids.to_list()[1]
+    cased_ids = tokenizer.tokenize(["Hello World", "hello world"])
+    assert cased_ids.to_list()[0] != cased_ids.to_list()[1]
+    decoded = lower_tokenizer.detokenize(lower_ids).numpy().tolist()
+    assert decoded == [b"hello world", b"hello world"]
+    # Lowercasing is UTF-8 aware (umlauts fold too).
+    umlaut = lower_tokenizer.tokenize(["ÄPFEL", "äpfel"]).to_list()
+    assert umlaut[0] == umlaut[1]
+
+
+def test_c25_vocabulary_case_and_special_pieces(tokenizer, lower_tokenizer):
+    """C25: the lowercase vocab has no capitals; specials keep exact case."""
+    for tok in (tokenizer, lower_tokenizer):
+        assert tok.vocabulary()[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
+    lower_pieces = lower_tokenizer.vocabulary()[4:]
+    assert all(piece == piece.lower() for piece in lower_pieces)
+    assert any(piece != piece.lower() for piece in tokenizer.vocabulary())
+
+
+def test_c25_typed_special_strings_are_literal_text(tokenizer, lower_tokenizer):
+    """C25: a typed "</s>", "<pad>", "<s>" is literal text, never a special id."""
+    text = "Hello </s> World <pad> and <s>"
+    for tok, expected in (
+        (tokenizer, text),
+        (lower_tokenizer, text.lower()),
+    ):
+        ids = tok.tokenize(text).numpy()
+        assert not np.isin(ids, [PAD_ID, UNK_ID, START_ID, END_ID]).any()
+        assert tok.detokenize(ids).numpy().decode("utf-8") == expected
+    # Upper-case "<S>" lowercased to "<s>" is still text, not START_ID.
+    ids = lower_tokenizer.tokenize("a <S> b").numpy()
+    assert START_ID not in ids
+    assert lower_tokenizer.detokenize(ids).numpy() == b"a <s> b"
+
+
+def test_c25_builder_and_tokenizer_default_lowercase_agree(corpus):
+    builder_default = (
+        inspect.signature(train_subword_tokenizer).parameters["lowercase"].default
+    )
+    tokenizer_default = (
+        inspect.signature(SubwordTokenizer).parameters["lowercase"].default
+    )
+    assert builder_default is False
+    assert tokenizer_default is builder_default
+    trained = train_subword_tokenizer(corpus[:300], vocab_size=120)
+    assert trained.lowercase is False
+    assert SubwordTokenizer(trained.proto).lowercase is False
+
+
+def test_training_is_deterministic(corpus):
+    first = train_subword_tokenizer(corpus[:400], vocab_size=150)
+    second = train_subword_tokenizer(corpus[:400], vocab_size=150)
+    assert first.proto == second.proto
+
+
+def test_training_from_plain_and_gzip_files(tmp_path, corpus):
+    import gzip
+
+    lines = corpus[:400]
+    plain = tmp_path / "a.txt"
+    plain.write_text("\n".join(lines[:200]) + "\n", encoding="utf-8")
+    packed = tmp_path / "b.txt.gz"
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines[200:]) + "\n")
+    from_list = train_subword_tokenizer(lines, vocab_size=150)
+    from_paths = train_subword_tokenizer([str(plain), packed], vocab_size=150)
+    assert from_paths.proto == from_list.proto
+    from_one = train_subword_tokenizer(str(plain), vocab_size=120)
+    assert from_one.proto == train_subword_tokenizer(lines[:200], 120).proto
+    limited = train_subword_tokenizer(lines, vocab_size=150, max_sentences=200)
+    assert limited.proto == train_subword_tokenizer(lines[:200], 150).proto
+
+
+def test_vocab_size_too_small_or_too_large():
+    sentences = ["abc def", "ghi jkl", "mno pqr"] * 5
+    with pytest.raises(ValueError, match="vocab_size=8 is too small"):
+        train_subword_tokenizer(sentences, vocab_size=8)
+    # Too large: hard_vocab_limit=False gives a smaller vocabulary.
+    tok = train_subword_tokenizer(sentences, vocab_size=5000)
+    assert 4 + 18 <= tok.vocab_size < 5000
+    text = tok.detokenize(tok.tokenize(["abc pqr"])).numpy().tolist()
+    assert text == [b"abc pqr"]
+    with pytest.raises(ValueError, match="fixed by the library"):
+        train_subword_tokenizer(sentences, vocab_size=30, eos_id=7)
+    with pytest.raises(ValueError, match="no non-empty"):
+        train_subword_tokenizer(["", "  "], vocab_size=30)
+
+
+def test_bpe_model_type(corpus):
+    tok = train_subword_tokenizer(corpus[:400], vocab_size=200, model_type="bpe")
+    sentence = corpus[5]
+    assert tok.detokenize(tok.tokenize([sentence])).numpy()[0].decode() == (
+        sentence
+    )
+
+
+def test_constructor_validates_proto(tokenizer):
+    with pytest.raises(TypeError, match="bytes"):
+        SubwordTokenizer("not bytes")
+    with pytest.raises(ValueError, match="not a valid"):
+        SubwordTokenizer(b"garbage proto")
+
+
+def test_save_load_round_trip(tmp_path, tokenizer, lower_tokenizer, corpus):
+    sentences = corpus[:20] + ["Hello World"]
+    for tok, name in ((tokenizer, "cased"), (lower_tokenizer, "lower")):
+        model_path = tok.save(str(tmp_path / "vocab" / name))
+        assert model_path.endswith(f"{name}.model")
+        with open(tmp_path / "vocab" / f"{name}.json") as f:
+            assert json.load(f)["lowercase"] is tok.lowercase
+        for path in (model_path, str(tmp_path / "vocab" / name)):
+            restored = SubwordTokenizer.load(path)
+            assert restored.lowercase is tok.lowercase
+            assert restored.vocabulary() == tok.vocabulary()
+            assert restored.tokenize(sentences).to_list() == (
+                tok.tokenize(sentences).to_list()
+            )
+    with pytest.raises(FileNotFoundError):
+        SubwordTokenizer.load(str(tmp_path / "missing"))
+
+
+def test_usable_in_tf_function_and_tf_data(tokenizer, corpus):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def round_trip(texts):
+        ids = tokenizer.tokenize(texts)
+        return ids.to_tensor(), tokenizer.detokenize(ids)
+
+    dense, texts = round_trip(tf.constant(corpus[:4]))
+    assert dense.dtype == tf.int32 and dense.shape[0] == 4
+    assert [t.decode("utf-8") for t in texts.numpy()] == corpus[:4]
+
+    ds = tf.data.Dataset.from_tensor_slices(corpus[:8]).map(tokenizer.tokenize)
+    rows = [row.numpy().tolist() for row in ds]
+    assert rows == tokenizer.tokenize(corpus[:8]).to_list()
+
+
+class _Exported(tf.Module):
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def tokenize(self, texts):
+        return self.tokenizer.tokenize(texts).to_tensor()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def detokenize(self, ids):
+        return self.tokenizer.detokenize(ids)
+
+
+def test_saved_model_round_trip_in_process(tmp_path, lower_tokenizer):
+    texts = ["Hello World", "Der kleine Hund läuft."]
+    export_dir = str(tmp_path / "tokenizer_sm")
+    tf.saved_model.save(_Exported(lower_tokenizer), export_dir)
+    loaded = tf.saved_model.load(export_dir)
+    expected = lower_tokenizer.tokenize(texts).to_tensor()
+    got = loaded.tokenize(tf.constant(texts))
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())
+    decoded = loaded.detokenize(got).numpy().tolist()
+    assert decoded == [b"hello world", "der kleine hund läuft.".encode()]
+
+
+@pytest.mark.slow
+def test_saved_model_loads_with_only_tensorflow_text(tmp_path, tokenizer):
+    """The export loads in a fresh process importing tensorflow(_text) only."""
+    texts = ["Hello </s> World", "Die Katzen schlafen im Park."]
+    export_dir = str(tmp_path / "tokenizer_sm")
+    tf.saved_model.save(_Exported(tokenizer), export_dir)
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401  registers the ops
+        loaded = tf.saved_model.load({export_dir!r})
+        ids = loaded.tokenize(tf.constant({texts!r}))
+        text = loaded.detokenize(ids)
+        assert "keras_transformer" not in sys.modules
+        print("RESULT" + json.dumps(
+            [ids.numpy().tolist(), [t.decode() for t in text.numpy()]]))
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [l for l in result.stdout.splitlines() if l.startswith("RESULT")]
+    ids, decoded = json.loads(line[0][len("RESULT") :])
+    expected = tokenizer.tokenize(texts).to_tensor().numpy().tolist()
+    assert ids == expected
+    assert decoded == texts
+
+
+@pytest.mark.corpus
+def test_round_trip_is_lossless_on_multi30k():
+    directory = multi30k_dir()
+    for lang in ("de", "en"):
+        train = read_lines(os.path.join(directory, f"train.{lang}.gz"))[:2000]
+        val = read_lines(os.path.join(directory, f"val.{lang}.gz"))
+        tok = train_subword_tokenizer(train, vocab_size=2000, byte_fallback=True)
+        for sentences in (train[:500], val):
+            ids = tok.tokenize(sentences)
+            decoded = [s.decode("utf-8") for s in tok.detokenize(ids).numpy()]
+            mismatches = [
+                (a, b) for a, b in zip(sentences, decoded) if a != b
+            ]
+            assert mismatches == [], mismatches[:3]
+        # Subwords, not characters: a sentence is a few pieces per word.
+        words = sum(len(s.split()) for s in val)
+        assert ids.flat_values.shape[0] < 2.0 * words
