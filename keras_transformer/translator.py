@@ -131,6 +131,34 @@ class Translator(tf.Module):
         translations, scores = self.translate_batch(text)
         return {"translation": translations[:, 0], "score": scores[:, 0]}
 
+    def translate_lines(self, lines, batch_size=64, progress=False):
+        """Translate a list of `str`, in batches of similar length.
+
+        Sentences are sorted by length for batching (less padding) and
+        returned in their original order.
+
+        Args:
+            lines: list of `str`.
+            batch_size: int, sentences per batch.
+            progress: bool, show a progress bar.
+
+        Returns:
+            list of `str`, aligned with `lines`.
+        """
+        import keras
+
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        results = [None] * len(lines)
+        bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            texts = self.serve(tf.constant([lines[i] for i in chunk]))["translation"]
+            for i, text in zip(chunk, texts.numpy()):
+                results[i] = text.decode("utf-8")
+            if bar is not None:
+                bar.add(len(chunk))
+        return results
+
     def __call__(self, text):
         text = tf.convert_to_tensor(text, tf.string)
         if text.shape.rank == 0:

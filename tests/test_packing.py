@@ -59,10 +59,17 @@ def test_pack_source_keeps_end_id():
 
 def test_pad_to_longest_in_batch():
     batch = tf.ragged.constant([[A, B], [A]], dtype=tf.int32)
-    src = pack_source(batch, 64, end_id=END, pad_id=PAD, pad_to_max_length=False)
+    src = pack_source(
+        batch, 64, end_id=END, pad_id=PAD, pad_to_max_length=False
+    )
     assert src.numpy().tolist() == [[A, B, END], [A, END, PAD]]
     dec, lab = pack_target(
-        batch, 64, start_id=START, end_id=END, pad_id=PAD, pad_to_max_length=False
+        batch,
+        64,
+        start_id=START,
+        end_id=END,
+        pad_id=PAD,
+        pad_to_max_length=False,
     )
     assert dec.numpy().tolist() == [[START, A, B], [START, A, PAD]]
     assert lab.numpy().tolist() == [[A, B, END], [A, END, PAD]]
@@ -102,10 +109,15 @@ def test_inside_tf_function_and_tf_data():
     rows = tf.ragged.constant([T, [A, B]], dtype=tf.int32)
     ds = tf.data.Dataset.from_tensor_slices(rows).map(
         lambda t: pack_target(
-            t, 6, start_id=START, end_id=END, pad_id=PAD, pad_to_max_length=False
+            t,
+            6,
+            start_id=START,
+            end_id=END,
+            pad_id=PAD,
+            pad_to_max_length=False,
         )
     )
-    got = [(d.numpy().tolist(), l.numpy().tolist()) for d, l in ds]
+    got = [(d.numpy().tolist(), y.numpy().tolist()) for d, y in ds]
     assert got == [
         ([START, 11, 12, 13, 14], [11, 12, 13, 14, END]),
         ([START, A, B], [A, B, END]),

@@ -102,7 +102,9 @@ def test_labels_detokenize_to_the_raw_targets(corpus, tokenizers):
     )
     decoded = []
     for _, labels in ds:
-        decoded += [s.decode("utf-8") for s in de_tok.detokenize(labels).numpy()]
+        decoded += [
+            s.decode("utf-8") for s in de_tok.detokenize(labels).numpy()
+        ]
     assert decoded == de[:50]
 
 
@@ -114,7 +116,9 @@ def test_shuffle_is_seeded(corpus, tokenizers):
     assert all(
         (a == b).all() for x, y in zip(first, second) for a, b in zip(x, y)
     )
-    ordered = collect(make_dataset(en, de, *tokenizers, shuffle=False, **kwargs))
+    ordered = collect(
+        make_dataset(en, de, *tokenizers, shuffle=False, **kwargs)
+    )
     assert not all(
         a.shape == b.shape and (a == b).all()
         for x, y in zip(first, ordered)
@@ -174,7 +178,9 @@ def test_paths_plain_and_gzip(tmp_path, corpus, tokenizers):
     with gzip.open(tgt, "wt", encoding="utf-8") as f:
         f.write("\n".join(de) + "\n")
     assert read_lines(src) == en and read_lines(tgt) == de
-    assert [t.decode() for t in text_line_dataset(tgt).as_numpy_iterator()] == de
+    assert [
+        t.decode() for t in text_line_dataset(tgt).as_numpy_iterator()
+    ] == de
     from_files = collect(
         make_dataset(str(src), str(tgt), *tokenizers, shuffle=False)
     )
@@ -205,7 +211,9 @@ def test_misaligned_inputs_raise(tmp_path, tokenizers):
     with pytest.raises(ValueError, match="max_length"):
         make_dataset(["x"], ["y"], *tokenizers, max_length=1)
     with pytest.raises(ValueError, match="tokens_per_batch"):
-        make_dataset(["x"], ["y"], *tokenizers, max_length=64, tokens_per_batch=32)
+        make_dataset(
+            ["x"], ["y"], *tokenizers, max_length=64, tokens_per_batch=32
+        )
     with pytest.raises(ValueError, match="bucket_boundaries"):
         make_dataset(["x"], ["y"], *tokenizers, bucket_boundaries=[9, 5])
 

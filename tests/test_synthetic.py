@@ -71,12 +71,18 @@ _VERB_DE = r"(sieht|sehen|hält|halten|trägt|tragen|findet|finden)"
     [
         # Accusative objects: "den" and "-en" for masculine singular only.
         (_VERB + r" the dog\b", _VERB_DE + r" den Hund\b"),
-        (_VERB + r" the (small|big|old) dog\b", _VERB_DE + r" den \w+en Hund\b"),
+        (
+            _VERB + r" the (small|big|old) dog\b",
+            _VERB_DE + r" den \w+en Hund\b",
+        ),
         (_VERB + r" a dog\b", _VERB_DE + r" einen Hund\b"),
         (_VERB + r" a cat\b", _VERB_DE + r" eine Katze\b"),
         (_VERB + r" the cat\b", _VERB_DE + r" die Katze\b"),
         (_VERB + r" a book\b", _VERB_DE + r" ein Buch\b"),
-        (_VERB + r" an? (small|big|old) book\b", _VERB_DE + r" ein \w+es Buch\b"),
+        (
+            _VERB + r" an? (small|big|old) book\b",
+            _VERB_DE + r" ein \w+es Buch\b",
+        ),
         (_VERB + r" the boy\b", _VERB_DE + r" den Jungen\b"),
         (r" in the park\.$", r" im Park\.$"),
         (r" on the street\.$", r" auf der Straße\.$"),

@@ -174,7 +174,7 @@ def test_c25_vocabulary_case_and_special_pieces(tokenizer, lower_tokenizer):
 
 
 def test_c25_typed_special_strings_are_literal_text(tokenizer, lower_tokenizer):
-    """C25: a typed "</s>", "<pad>", "<s>" is literal text, never a special id."""
+    """C25: typed "</s>", "<pad>", "<s>" are literal text, not special ids."""
     text = "Hello </s> World <pad> and <s>"
     for tok, expected in (
         (tokenizer, text),
@@ -191,7 +191,9 @@ def test_c25_typed_special_strings_are_literal_text(tokenizer, lower_tokenizer):
 
 def test_c25_builder_and_tokenizer_default_lowercase_agree(corpus):
     builder_default = (
-        inspect.signature(train_subword_tokenizer).parameters["lowercase"].default
+        inspect.signature(train_subword_tokenizer)
+        .parameters["lowercase"]
+        .default
     )
     tokenizer_default = (
         inspect.signature(SubwordTokenizer).parameters["lowercase"].default
@@ -243,7 +245,9 @@ def test_vocab_size_too_small_or_too_large():
 
 
 def test_bpe_model_type(corpus):
-    tok = train_subword_tokenizer(corpus[:400], vocab_size=200, model_type="bpe")
+    tok = train_subword_tokenizer(
+        corpus[:400], vocab_size=200, model_type="bpe"
+    )
     sentence = corpus[5]
     assert tok.detokenize(tok.tokenize([sentence])).numpy()[0].decode() == (
         sentence
@@ -345,7 +349,7 @@ def test_saved_model_loads_with_only_tensorflow_text(tmp_path, tokenizer):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [l for l in result.stdout.splitlines() if l.startswith("RESULT")]
+    line = [s for s in result.stdout.splitlines() if s.startswith("RESULT")]
     ids, decoded = json.loads(line[0][len("RESULT") :])
     expected = tokenizer.tokenize(texts).to_tensor().numpy().tolist()
     assert ids == expected
@@ -358,14 +362,32 @@ def test_round_trip_is_lossless_on_multi30k():
     for lang in ("de", "en"):
         train = read_lines(os.path.join(directory, f"train.{lang}.gz"))[:2000]
         val = read_lines(os.path.join(directory, f"val.{lang}.gz"))
-        tok = train_subword_tokenizer(train, vocab_size=2000, byte_fallback=True)
+        tok = train_subword_tokenizer(
+            train, vocab_size=2000, byte_fallback=True
+        )
         for sentences in (train[:500], val):
             ids = tok.tokenize(sentences)
             decoded = [s.decode("utf-8") for s in tok.detokenize(ids).numpy()]
-            mismatches = [
-                (a, b) for a, b in zip(sentences, decoded) if a != b
-            ]
+            mismatches = [(a, b) for a, b in zip(sentences, decoded) if a != b]
             assert mismatches == [], mismatches[:3]
         # Subwords, not characters: a sentence is a few pieces per word.
         words = sum(len(s.split()) for s in val)
         assert ids.flat_values.shape[0] < 2.0 * words
+
+
+def test_tokenizer_survives_set_random_seed():
+    """Seeding clears TF's kernel cache; the SentencePiece resource must survive.
+
+    tensorflow-text's own resource is private to its kernel and is deleted
+    by `tf.random.set_seed`, after which every call fails deep in the graph.
+    """
+    import keras
+
+    from keras_transformer.data.synthetic import make_synthetic_corpus
+
+    en, _ = make_synthetic_corpus(200, seed=3)
+    tokenizer = train_subword_tokenizer(en, 100)
+    before = tokenizer.tokenize(["A dog runs."]).to_list()
+    keras.utils.set_random_seed(1)
+    assert tokenizer.tokenize(["A dog runs."]).to_list() == before
+    assert tokenizer.detokenize(before).numpy().tolist() == [b"A dog runs."]

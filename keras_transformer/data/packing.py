@@ -3,7 +3,7 @@
 Truncation happens *before* the special ids are added, so the end id is
 never cut off: a model trained on these labels always sees where a
 sentence stops (the TF tutorial truncated after adding the end token and
-lost it on long sentences; see CASES.md C10).
+lost it on long sentences: tensorflow/text#1132).
 
 Teacher forcing (Vaswani et al., 2017, Section 3.1, "the output embeddings
 are offset by one position"): for target tokens `t1..tn`,
@@ -38,7 +38,9 @@ def _as_ragged_batch(token_ids):
                 False,
             )
         if any(isinstance(row, (list, tuple)) for row in token_ids):
-            ragged = tf.ragged.constant(token_ids, dtype=tf.int32, ragged_rank=1)
+            ragged = tf.ragged.constant(
+                token_ids, dtype=tf.int32, ragged_rank=1
+            )
             return ragged, False
     token_ids = tf.convert_to_tensor(token_ids)
     if not token_ids.dtype.is_integer:
@@ -134,7 +136,9 @@ def pack_sequence(
     return dense[0] if was_rank_1 else dense
 
 
-def pack_source(token_ids, max_length, *, end_id, pad_id, pad_to_max_length=True):
+def pack_source(
+    token_ids, max_length, *, end_id, pad_id, pad_to_max_length=True
+):
     """Packs encoder inputs: `t[:max_length - 1] + [end_id]`, then pads.
 
     The end id is always kept as the last real token of each row.
@@ -213,12 +217,28 @@ def pack_target(
     """
     _check_max_length(max_length, 2)
     ragged, was_rank_1 = _as_ragged_batch(token_ids)
-    tokens = ragged[:, : max_length - 2]
-    decoder_inputs = tf.concat([_column(tokens, start_id), tokens], axis=1)
-    labels = tf.concat([tokens, _column(tokens, end_id)], axis=1)
+    decoder_inputs, labels = pack_target_ragged(
+        ragged, max_length, start_id=start_id, end_id=end_id
+    )
     width = max_length - 1 if pad_to_max_length else None
     decoder_inputs = _to_dense(decoder_inputs, pad_id, width)
     labels = _to_dense(labels, pad_id, width)
     if was_rank_1:
         return decoder_inputs[0], labels[0]
+    return decoder_inputs, labels
+
+
+def pack_source_ragged(token_ids, max_length, *, end_id):
+    """`pack_source` without padding: ragged `(batch, None)` in and out."""
+    _check_max_length(max_length, 1)
+    tokens = tf.cast(token_ids, tf.int32)[:, : max_length - 1]
+    return tf.concat([tokens, _column(tokens, end_id)], axis=1)
+
+
+def pack_target_ragged(token_ids, max_length, *, start_id, end_id):
+    """`pack_target` without padding: ragged `(batch, None)` in, two out."""
+    _check_max_length(max_length, 2)
+    tokens = tf.cast(token_ids, tf.int32)[:, : max_length - 2]
+    decoder_inputs = tf.concat([_column(tokens, start_id), tokens], axis=1)
+    labels = tf.concat([tokens, _column(tokens, end_id)], axis=1)
     return decoder_inputs, labels

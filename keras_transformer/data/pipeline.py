@@ -1,7 +1,7 @@
 """`tf.data` pipeline from parallel text to batched model inputs.
 
-Stages: read (files or lists) -> tokenize (batched, in-graph) -> drop pairs
-with an empty side -> pack (`pack_source`, `pack_target`) -> cache ->
+Stages: read (files or lists) -> drop pairs with an empty side -> tokenize
+and pack (`pack_source`, `pack_target`; batched, in-graph) -> cache ->
 shuffle -> repeat -> length bucketing / padded batching -> prefetch.
 
 Element spec of the returned dataset (batch size and lengths dynamic):
@@ -22,8 +22,8 @@ import os
 
 import tensorflow as tf
 
-from keras_transformer.data.packing import pack_source
-from keras_transformer.data.packing import pack_target
+from keras_transformer.data.packing import pack_source_ragged
+from keras_transformer.data.packing import pack_target_ragged
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.data.text_files import read_parallel
 
@@ -200,9 +200,13 @@ def make_dataset(
         bucket_boundaries = auto_bucket_boundaries(max_length)
     elif bucket_boundaries is not None:
         bucket_boundaries = [int(b) for b in bucket_boundaries]
-        if not bucket_boundaries or any(
-            b <= a for a, b in zip(bucket_boundaries, bucket_boundaries[1:])
-        ) or bucket_boundaries[0] < 1:
+        if (
+            not bucket_boundaries
+            or any(
+                b <= a for a, b in zip(bucket_boundaries, bucket_boundaries[1:])
+            )
+            or bucket_boundaries[0] < 1
+        ):
             raise ValueError(
                 "`bucket_boundaries` must be a non-empty, strictly increasing "
                 f"list of positive ints. Received: {bucket_boundaries}."
@@ -220,38 +224,33 @@ def make_dataset(
         )
 
     src_lines, tgt_lines = _read_pairs(src, tgt)
-    kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() and t.strip()]
+    kept = [
+        (s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() and t.strip()
+    ]
     src_lines = [s for s, _ in kept]
     tgt_lines = [t for _, t in kept]
     src_pad, tgt_pad = int(src_tokenizer.pad_id), int(tgt_tokenizer.pad_id)
     src_end = int(src_tokenizer.end_id)
     tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)
 
-    def tokenize(src_batch, tgt_batch):
-        return src_tokenizer.tokenize(src_batch), tgt_tokenizer.tokenize(
-            tgt_batch
+    def tokenize_and_pack(src_batch, tgt_batch):
+        # Batched: ragged ops on a chunk are much faster than per example.
+        encoder_inputs = pack_source_ragged(
+            src_tokenizer.tokenize(src_batch), max_length, end_id=src_end
         )
-
-    def not_empty(src_ids, tgt_ids):
-        return tf.logical_and(tf.size(src_ids) > 0, tf.size(tgt_ids) > 0)
-
-    def pack(src_ids, tgt_ids):
-        encoder_inputs = pack_source(
-            src_ids,
-            max_length,
-            end_id=src_end,
-            pad_id=src_pad,
-            pad_to_max_length=False,
-        )
-        decoder_inputs, labels = pack_target(
-            tgt_ids,
+        decoder_inputs, labels = pack_target_ragged(
+            tgt_tokenizer.tokenize(tgt_batch),
             max_length + 1,
             start_id=tgt_start,
             end_id=tgt_end,
-            pad_id=tgt_pad,
-            pad_to_max_length=False,
         )
         return encoder_inputs, decoder_inputs, labels
+
+    def not_empty(encoder_inputs, decoder_inputs, labels):
+        # Only the special id left: the side tokenized to nothing.
+        return tf.logical_and(
+            tf.size(encoder_inputs) > 1, tf.size(decoder_inputs) > 1
+        )
 
     ds = tf.data.Dataset.from_tensor_slices(
         (
@@ -260,10 +259,15 @@ def make_dataset(
         )
     )
     ds = ds.batch(_TOKENIZE_CHUNK).map(
-        tokenize, num_parallel_calls=tf.data.AUTOTUNE
+        tokenize_and_pack, num_parallel_calls=tf.data.AUTOTUNE
     )
+    # Unbatched ragged rows have a RaggedTensorSpec of ragged_rank 0; the
+    # identity map turns them into plain tensors for padded batching.
     ds = ds.unbatch().filter(not_empty)
-    ds = ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(
+        lambda *parts: tuple(tf.identity(p) for p in parts),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     if cache:
         ds = ds.cache()
     if shuffle:
@@ -288,8 +292,8 @@ def make_dataset(
                 max(1, tokens_per_batch // max(1, upper)) for upper in uppers
             ]
         ds = ds.bucket_by_sequence_length(
-            element_length_func=lambda s, d, l: tf.maximum(
-                tf.shape(s)[0], tf.shape(d)[0]
+            element_length_func=lambda src, dec, lab: tf.maximum(
+                tf.shape(src)[0], tf.shape(dec)[0]
             ),
             bucket_boundaries=bucket_boundaries,
             bucket_batch_sizes=batch_sizes,
@@ -336,9 +340,7 @@ def padding_share(dataset, n_batches=None, *, pad_id=0):
     """
     if n_batches is None:
         if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-            raise ValueError(
-                "The dataset repeats forever; pass `n_batches`."
-            )
+            raise ValueError("The dataset repeats forever; pass `n_batches`.")
     else:
         dataset = dataset.take(n_batches)
     pads = 0

@@ -77,6 +77,26 @@ _PROTECTED_TRAINER_KEYS = (
 _METADATA_FORMAT = "keras_transformer.SubwordTokenizer"
 
 
+class _SharedSentencepieceResource(tf.saved_model.experimental.TrackableResource):
+    """The SentencePiece model resource under a shared name (see __init__)."""
+
+    def __init__(self, proto, name):
+        super().__init__()
+        self._model = proto
+        self._name = name
+        _ = self.resource_handle  # creates the resource now
+
+    def _create_resource(self):
+        from tensorflow_text.python.ops.sentencepiece_tokenizer import (
+            gen_sentencepiece_tokenizer,
+        )
+
+        with tf.name_scope(self._name):
+            return gen_sentencepiece_tokenizer.sentencepiece_op(
+                model=self._model, shared_name=self._name
+            )
+
+
 class SubwordTokenizer(tf.Module):
     """SentencePiece subword tokenizer usable in `tf.function` and `tf.data`.
 
@@ -180,13 +200,19 @@ class SubwordTokenizer(tf.Module):
         self._lowercase = bool(lowercase)
         self._processor = processor
         self._vocab_size = int(processor.get_piece_size())
-        # A name unique to the model: the SentencePiece op's resource is
-        # shared by node name, so two tokenizers restored from one
-        # SavedModel under the default name would both get the first model.
+        name = "sentencepiece_" + hashlib.sha1(proto).hexdigest()[:16]
         self._tokenizer = tf_text.SentencepieceTokenizer(
-            model=proto,
-            out_type=tf.int32,
-            name="sentencepiece_" + hashlib.sha1(proto).hexdigest()[:16],
+            model=proto, out_type=tf.int32, name=name
+        )
+        # tensorflow-text creates the model resource "private to the
+        # kernel": clearing TensorFlow's eager kernel cache (which
+        # `tf.random.set_seed` and `keras.utils.set_random_seed` do) deletes
+        # it, and every later call fails with "Resource ... does not exist"
+        # (upstream TODO b/318839908). A resource with a shared name lives in
+        # the resource manager instead, so it survives. The name is unique to
+        # the model, so two tokenizers never share a resource.
+        self._tokenizer._model_resource = _SharedSentencepieceResource(
+            proto, name
         )
 
     @property
@@ -306,9 +332,7 @@ class SubwordTokenizer(tf.Module):
 
     def vocabulary(self):
         """Returns all pieces as a Python list, indexed by id."""
-        return [
-            self._processor.id_to_piece(i) for i in range(self._vocab_size)
-        ]
+        return [self._processor.id_to_piece(i) for i in range(self._vocab_size)]
 
     def save(self, path):
         """Writes `<prefix>.model` (the proto) and `<prefix>.json`.

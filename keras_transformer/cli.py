@@ -1,0 +1,184 @@
+"""`keras-transformer`: train, evaluate, translate, export, demo.
+
+Run `keras-transformer COMMAND --help` for the options of each command.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _add_training_args(parser):
+    from keras_transformer.training import TrainingConfig
+
+    defaults = TrainingConfig(train_src="", train_tgt="")
+    parser.add_argument("--train-src", required=True, help="training source file (plain or .gz)")
+    parser.add_argument("--train-tgt", required=True, help="aligned training target file")
+    parser.add_argument("--val-src", help="validation source file")
+    parser.add_argument("--val-tgt", help="validation target file")
+    parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")
+    parser.add_argument("--preset", default=defaults.preset, help="base, big, small or tiny")
+    for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
+        parser.add_argument(f"--{name}", type=kind, help="override the preset")
+    for name in ("max_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
+                 "epochs", "warmup_steps", "seed", "max_train_pairs"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("lr_scale", "label_smoothing"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
+    parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
+
+
+def _decoding_args(parser):
+    parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy decoding")
+    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
+    parser.add_argument("--batch-size", type=int, default=64)
+
+
+def _translator(args):
+    from keras_transformer.training import load_run
+    from keras_transformer.translator import Translator
+
+    model, src, tgt, _ = load_run(args.run, which=getattr(args, "checkpoint", "best"))
+    return Translator(model, src, tgt, beam_size=args.beam_size, length_penalty=args.length_penalty)
+
+
+def cmd_train(args):
+    from keras_transformer.training import TrainingConfig, train
+
+    fields = {k.replace("-", "_"): v for k, v in vars(args).items()}
+    config = TrainingConfig(**{k: v for k, v in fields.items() if k in TrainingConfig.__dataclass_fields__})
+    start = time.time()
+    train(config)
+    print(f"Trained in {time.time() - start:.0f} s; run folder: {config.output_dir}")
+
+
+def evaluate_files(translator, src_path, ref_path, batch_size=64, limit=None, output=None):
+    """Translate `src_path` and score it against `ref_path` with sacreBLEU."""
+    from keras_transformer.data.text_files import read_parallel
+    from keras_transformer.evaluation import corpus_scores
+
+    sources, references = read_parallel(src_path, ref_path)
+    if limit:
+        sources, references = sources[:limit], references[:limit]
+    start = time.time()
+    hypotheses = translator.translate_lines(sources, batch_size=batch_size, progress=True)
+    elapsed = time.time() - start
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write("\n".join(hypotheses) + "\n")
+    scores = corpus_scores(hypotheses, references)
+    scores["seconds"] = round(elapsed, 1)
+    return scores
+
+
+def cmd_evaluate(args):
+    translator = _translator(args)
+    scores = evaluate_files(translator, args.src, args.ref, args.batch_size, args.limit, args.output)
+    print(json.dumps(scores, indent=2))
+
+
+def cmd_translate(args):
+    import tensorflow as tf
+
+    lines = args.text or [line.rstrip("\n") for line in sys.stdin]
+    if args.saved_model:
+        import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+        serve = tf.saved_model.load(args.saved_model).signatures["serving_default"]
+        out = serve(text=tf.constant(lines))["translation"].numpy()
+        results = [t.decode("utf-8") for t in out]
+    else:
+        results = _translator(args).translate_lines(lines, batch_size=args.batch_size)
+    for line in results:
+        print(line)
+
+
+def cmd_export(args):
+    from keras_transformer.export import export_translator
+
+    path = export_translator(_translator(args), args.output)
+    print(f"SavedModel written to {path}")
+
+
+def cmd_demo(args):
+    from keras_transformer.data.synthetic import write_synthetic_corpus
+    from keras_transformer.export import export_translator
+    from keras_transformer.training import TrainingConfig, train
+    from keras_transformer.translator import Translator
+
+    start = time.time()
+    out = args.output_dir
+    data = os.path.join(out, "data")
+    print(f"[1/4] Generating a synthetic English-German corpus in {data}")
+    write_synthetic_corpus(data, n_train=args.train_pairs, n_val=200, seed=0)
+    config = TrainingConfig(
+        train_src=os.path.join(data, "train.en"), train_tgt=os.path.join(data, "train.de"),
+        val_src=os.path.join(data, "val.en"), val_tgt=os.path.join(data, "val.de"),
+        output_dir=os.path.join(out, "run"), preset="tiny", max_length=32,
+        src_vocab_size=400, tgt_vocab_size=500, tokens_per_batch=2048,
+        epochs=args.epochs, warmup_steps=300, lr_scale=1.0,
+    )
+    print("[2/4] Training a tiny Transformer with model.fit")
+    model, src, tgt = train(config, verbose=2)
+    translator = Translator(model, src, tgt, beam_size=4)
+    print("[3/4] Evaluating on the generated validation set")
+    scores = evaluate_files(translator, config.val_src, config.val_tgt)
+    print(f"      BLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}")
+    path = export_translator(translator, os.path.join(out, "saved_model"))
+    print(f"[4/4] Exported the translator to {path}; translations:")
+    examples = ["A small dog runs in the park.", "The old woman reads a book.", "Two children play with a ball."]
+    for text, translation in zip(examples, translator.translate_lines(examples)):
+        print(f"      {text}  ->  {translation}")
+    print(f"Done in {time.time() - start:.0f} s.")
+
+
+def main(argv=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("train", help="train (or resume) a model on aligned text files")
+    _add_training_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = commands.add_parser("evaluate", help="sacreBLEU and chrF of a run on a test set")
+    p.add_argument("--run", required=True, help="run folder written by train")
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--limit", type=int, help="first N sentences only")
+    p.add_argument("--output", help="write the translations here")
+    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    _decoding_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = commands.add_parser("translate", help="translate TEXT arguments or stdin lines")
+    p.add_argument("text", nargs="*")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="run folder written by train")
+    source.add_argument("--saved-model", help="exported SavedModel folder")
+    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    _decoding_args(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = commands.add_parser("export", help="write a SavedModel that translates strings")
+    p.add_argument("--run", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    _decoding_args(p)
+    p.set_defaults(func=cmd_export)
+
+    p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")
+    p.add_argument("--output-dir", default="runs/demo")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--train-pairs", type=int, default=6000)
+    p.set_defaults(func=cmd_demo)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

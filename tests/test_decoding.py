@@ -1,0 +1,144 @@
+"""Greedy and beam search with the key/value cache.
+
+Backend-neutral: `tests/test_backends.py` re-runs this file on jax and torch.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from conftest import to_numpy
+from keras_transformer import TransformerParts
+from keras_transformer import beam_search
+from keras_transformer import build_transformer
+from keras_transformer import greedy_search
+from keras_transformer.decoding import length_penalty_factor
+
+START, END, PAD = 2, 3, 0
+SOURCES = np.array([[5, 6, 7, END, PAD, PAD], [8, 9, 10, 11, 12, END]], "int32")
+
+
+@pytest.fixture(scope="module")
+def parts():
+    keras.utils.set_random_seed(0)
+    model = build_transformer(
+        30, 25, num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, max_length=10
+    )
+    return TransformerParts(model)
+
+
+def test_cached_step_logits_equal_uncached_full_pass(parts):
+    """Cached decoding equals re-running the whole prefix (1e-5, float32)."""
+    target = np.array([[START, 4, 5, 6, 7], [START, 9, 9, 8, 4]], "int32")
+    full = to_numpy(parts.decode_uncached(SOURCES, target))
+    encoder_outputs, mask = parts.encode(SOURCES)
+    cross = parts.cross_caches(encoder_outputs)
+    caches = parts.empty_self_caches(2, parts.max_length, "float32")
+    for t in range(target.shape[1]):
+        logits, caches = parts.decode_step(target[:, t], t, caches, cross, mask)
+        np.testing.assert_allclose(to_numpy(logits), full[:, t], atol=1e-5)
+
+
+def test_greedy_equals_uncached_argmax_decoding(parts):
+    tokens, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
+    tokens = to_numpy(tokens)
+    for row in range(2):
+        prefix = [START]
+        for _ in range(parts.max_length):
+            logits = to_numpy(parts.decode_uncached(SOURCES[row : row + 1], np.array([prefix], "int32")))
+            nxt = int(logits[0, -1].argmax())
+            if len(prefix) == parts.max_length:
+                nxt = END  # forced at the limit
+            prefix.append(nxt)
+            if nxt == END:
+                break
+        want = prefix[1:] + [PAD] * (parts.max_length + 1 - len(prefix))
+        np.testing.assert_array_equal(tokens[row], want)
+
+
+def test_c18_beam_batch_equals_solo_and_beam1_equals_greedy(parts):
+    """C18: beam 4 over a batch of two lengths = each alone; beam 1 = greedy."""
+    batch, batch_scores = beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=4)
+    for row in range(2):
+        solo, solo_scores = beam_search(
+            parts, SOURCES[row : row + 1, : 4 if row == 0 else 6], start_id=START, end_id=END, beam_size=4
+        )
+        np.testing.assert_array_equal(to_numpy(batch)[row], to_numpy(solo)[0])
+        np.testing.assert_allclose(to_numpy(batch_scores)[row], to_numpy(solo_scores)[0], atol=1e-4)
+    greedy, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
+    beam1, _ = beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=1)
+    np.testing.assert_array_equal(to_numpy(beam1)[:, 0], to_numpy(greedy))
+
+
+class ScriptedParts:
+    """A fake model: the next-token distribution depends only on the step.
+
+    Steps 0-2 prefer tokens 4, 5, 6 (with 7 a close second); at step 3 the
+    best continuation of every hypothesis is END (C20).
+    """
+
+    max_length = 8
+    vocab_size = 10
+
+    def __init__(self):
+        table = np.full((self.max_length, self.vocab_size), -6.0, "float32")
+        for step, (best, second) in enumerate([(4, 7), (5, 7), (6, 7)]):
+            table[step, best], table[step, second], table[step, 8] = 0.0, -0.5, -1.0
+        table[3:, END] = 0.0
+        table[3:, 9] = -2.0
+        table[:, PAD] = -50.0
+        self.table = table
+
+    def encode(self, source_ids):
+        batch = ops.shape(source_ids)[0]
+        return ops.zeros((batch, 1, 1)), ops.ones((batch, 1), "bool")
+
+    def cross_caches(self, encoder_outputs):
+        return [(encoder_outputs, encoder_outputs)]
+
+    def empty_self_caches(self, batch, length, dtype):
+        return [(ops.zeros((batch, 1)), ops.zeros((batch, 1)))]
+
+    def decode_step(self, token_ids, index, caches, cross, mask):
+        row = ops.take(ops.convert_to_tensor(self.table), index, axis=0)
+        logits = ops.tile(ops.expand_dims(row, 0), (ops.shape(token_ids)[0], 1))
+        return logits, caches
+
+
+def test_c20_finished_beams_stop_and_are_distinct():
+    """C20: nothing after the first END; beams distinct and sorted; scores fixed."""
+    parts = ScriptedParts()
+    tokens, scores = beam_search(
+        parts, np.ones((1, 1), "int32"), start_id=START, end_id=END, beam_size=4, n_best=4,
+        length_penalty=0.0,
+    )
+    tokens, scores = to_numpy(tokens)[0], to_numpy(scores)[0]
+    assert tokens.shape == (4, 8)
+    rows = []
+    for row in tokens:
+        ends = np.flatnonzero(row == END)
+        assert len(ends) == 1, row
+        assert (row[ends[0] + 1 :] == PAD).all()
+        assert START not in row
+        rows.append(tuple(row[: ends[0] + 1]))
+    assert len(set(rows)) == 4
+    assert (np.diff(scores) <= 1e-6).all()
+    assert rows[0] == (4, 5, 6, END)
+    # With alpha = 0 the score is the summed log-probability of the tokens.
+    log_probs = np.log(np.exp(parts.table) / np.exp(parts.table).sum(-1, keepdims=True))
+    for row, score in zip(rows, scores):
+        want = sum(log_probs[t, token] for t, token in enumerate(row))
+        assert abs(want - score) < 1e-4
+
+
+def test_length_penalty_is_gnmt_formula():
+    value = to_numpy(length_penalty_factor(np.array([1, 7]), 0.6))
+    np.testing.assert_allclose(value, [((5 + 1) / 6) ** 0.6, ((5 + 7) / 6) ** 0.6], rtol=1e-6)
+
+
+def test_bad_beam_arguments(parts):
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=0)
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=2, n_best=3)

@@ -1,0 +1,142 @@
+"""The exported SavedModel: strings in, strings out, core + tensorflow-text ops.
+
+TensorFlow backend only (the Translator and tokenizers are TensorFlow).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("export needs the tensorflow backend", allow_module_level=True)
+
+from keras_transformer import Translator  # noqa: E402
+from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer.data.synthetic import make_synthetic_corpus  # noqa: E402
+from keras_transformer.export import TENSORFLOW_TEXT_OPS  # noqa: E402
+from keras_transformer.export import export_translator  # noqa: E402
+from keras_transformer.export import saved_model_op_types  # noqa: E402
+from keras_transformer.tokenizers import train_subword_tokenizer  # noqa: E402
+
+INPUTS = ["A dog runs in the park.", "Two old women read.", "The child sleeps."]
+
+LOADER = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401 -- what TF Serving links
+assert "keras_transformer" not in sys.modules
+out = {}
+for name in sys.argv[1:]:
+    serve = tf.saved_model.load(name).signatures["serving_default"]
+    result = {}
+    for key, batch in (("one", ["A dog runs in the park."]), ("three", %r), ("empty", [])):
+        o = serve(text=tf.constant(batch, tf.string))
+        assert o["translation"].dtype == tf.string and o["score"].dtype == tf.float32
+        result[key] = [t.decode("utf-8") for t in o["translation"].numpy()]
+        result[key + "_shape"] = list(o["translation"].shape)
+    out[name] = result
+print("JSON" + json.dumps(out))
+""" % (INPUTS,)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    en, de = make_synthetic_corpus(600, seed=1)
+    src = train_subword_tokenizer(en, 150)
+    tgt = train_subword_tokenizer(de, 180)
+    keras.utils.set_random_seed(0)
+    model = build_transformer(
+        src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4, dff=64,
+        dropout_rate=0.0, max_length=12,
+    )
+    root = tmp_path_factory.mktemp("export")
+    translators = {
+        "greedy": Translator(model, src, tgt, beam_size=1),
+        "beam": Translator(model, src, tgt, beam_size=3),
+    }
+    paths = {name: export_translator(t, str(root / name)) for name, t in translators.items()}
+    return translators, paths
+
+
+def test_c15_ops_are_core_or_tensorflow_text(exported):
+    """C15: every op in both exports is core TF or one of the documented tf-text ops."""
+    _, paths = exported
+    for path in paths.values():
+        ops = saved_model_op_types(path)
+        script = (
+            "import json, sys\n"
+            "from tensorflow.python.framework import op_def_registry\n"
+            "ops = json.loads(sys.argv[1])\n"
+            "print(json.dumps([o for o in ops if op_def_registry.get(o) is None]))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(ops)], capture_output=True, text=True, check=True
+        )
+        not_core = json.loads(result.stdout.strip().splitlines()[-1])
+        assert set(not_core) <= set(TENSORFLOW_TEXT_OPS), not_core
+        assert "SentencepieceOp" in ops
+        with open(os.path.join(path, "keras_transformer.json")) as f:
+            assert json.load(f)["custom_ops"]["tensorflow_text"] == list(TENSORFLOW_TEXT_OPS)
+
+
+def test_c15_c16_fresh_process_with_only_tensorflow_and_text(exported):
+    """C15/C16: greedy and beam exports load and translate in a fresh process
+    that imports only tensorflow and tensorflow_text, equal to the eager run."""
+    translators, paths = exported
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, paths["greedy"], paths["beam"]],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [l for l in result.stdout.splitlines() if l.startswith("JSON")][-1]
+    out = json.loads(line[4:])
+    for name, translator in translators.items():
+        got = out[paths[name]]
+        assert got["one_shape"] == [1] and got["three_shape"] == [3] and got["empty_shape"] == [0]
+        want = [t.decode("utf-8") for t in translator(INPUTS).numpy()]
+        assert got["three"] == want
+        assert got["one"] == want[:1]
+        for text in got["three"]:
+            for special in ("<s>", "</s>", "<pad>"):
+                assert special not in text
+
+
+def test_c15_without_tensorflow_text_the_error_names_the_op(exported):
+    """C15: a loader without tensorflow-text fails naming the missing op."""
+    _, paths = exported
+    script = "import tensorflow as tf, sys; tf.saved_model.load(sys.argv[1])"
+    result = subprocess.run([sys.executable, "-c", script, paths["beam"]], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "Sentencepiece" in result.stderr
+
+
+def test_c17_scalar_vector_empty_string_and_empty_batch(exported):
+    """C17: scalar in -> scalar out; n in -> n out; "" and [] handled."""
+    translators, _ = exported
+    translator = translators["beam"]
+    scalar = translator(tf.constant("ein Hund"))
+    assert scalar.shape == () and scalar.dtype == tf.string
+    assert translator(["ein Hund"]).shape == (1,)
+    empty_string = translator([""])
+    assert empty_string.shape == (1,) and empty_string.dtype == tf.string
+    assert translator(tf.constant([], tf.string)).shape == (0,)
+    assert translator("A dog.").numpy() == translator(["A dog."]).numpy()[0]
+
+
+def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
+    """C09: a source longer than max_length is cut to max_length - 1 tokens + end."""
+    translators, _ = exported
+    translator = translators["greedy"]
+    long_text = " ".join(["the dog runs in the park"] * 6)
+    ids = translator.encode_source(tf.constant([long_text])).numpy()
+    assert ids.shape == (1, translator.source_max_length)
+    assert ids[0, -1] == translator.src_tokenizer.end_id
+    full = translator.src_tokenizer.tokenize(tf.constant([long_text])).to_list()[0]
+    np.testing.assert_array_equal(ids[0, :-1], full[: translator.source_max_length - 1])
+    assert translator([long_text]).shape == (1,)
