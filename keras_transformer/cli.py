@@ -129,7 +129,7 @@ def cmd_demo(args):
     print(f"      BLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}")
     path = export_translator(translator, os.path.join(out, "saved_model"))
     print(f"[4/4] Exported the translator to {path}; translations:")
-    examples = ["A small dog runs in the park.", "The old woman reads a book.", "Two children play with a ball."]
+    examples = ["A small dog runs in the park.", "The old woman sees the children.", "Happy girls sing by the river."]
     for text, translation in zip(examples, translator.translate_lines(examples)):
         print(f"      {text}  ->  {translation}")
     print(f"Done in {time.time() - start:.0f} s.")

@@ -37,3 +37,9 @@ def to_numpy(x):
     import keras
 
     return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def pytest_report_header(config):
+    import keras
+
+    return f"keras backend={keras.backend.backend()}"

@@ -1,6 +1,7 @@
 """The residual connection around every sub-layer (section 3.1 and 5.4)."""
 
 import keras
+from keras import ops
 
 
 def make_layer_norm(epsilon, dtype, name):
@@ -33,7 +34,7 @@ def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
     extras = ()
     if isinstance(result, tuple):
         result, extras = result[0], result[1:]
-    outputs = inputs + dropout(result, training=training)
+    outputs = ops.add(inputs, dropout(result, training=training))
     if not norm_first:
         outputs = norm(outputs)
     return outputs, extras
