@@ -37,6 +37,22 @@ def _decoding_args(parser):
     parser.add_argument("--batch-size", type=int, default=64)
 
 
+def _load_saved_model(path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    return lambda batch: signature(text=batch)["translation"]
+
+
+def _translate_fn(args):
+    """A `(batch,) tf.string -> (batch,) tf.string` function for the args."""
+    if getattr(args, "saved_model", None):
+        return _load_saved_model(args.saved_model)
+    translator = _translator(args)
+    return lambda batch: translator.serve(batch)["translation"]
+
+
 def _translator(args):
     from keras_transformer.training import load_run
     from keras_transformer.translator import Translator
@@ -55,16 +71,22 @@ def cmd_train(args):
     print(f"Trained in {time.time() - start:.0f} s; run folder: {config.output_dir}")
 
 
-def evaluate_files(translator, src_path, ref_path, batch_size=64, limit=None, output=None):
-    """Translate `src_path` and score it against `ref_path` with sacreBLEU."""
+def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=None):
+    """Translate `src_path` with `serve` and score it against `ref_path`.
+
+    `serve` maps a `(batch,)` `tf.string` tensor to its translations.
+    Returns the `corpus_scores` dict (sacreBLEU cased and lowercased, chrF)
+    plus the translation time in seconds.
+    """
     from keras_transformer.data.text_files import read_parallel
     from keras_transformer.evaluation import corpus_scores
+    from keras_transformer.translator import translate_lines
 
     sources, references = read_parallel(src_path, ref_path)
     if limit:
         sources, references = sources[:limit], references[:limit]
     start = time.time()
-    hypotheses = translator.translate_lines(sources, batch_size=batch_size, progress=True)
+    hypotheses = translate_lines(serve, sources, batch_size=batch_size, progress=True)
     elapsed = time.time() - start
     if output:
         with open(output, "w", encoding="utf-8") as f:
@@ -75,24 +97,15 @@ def evaluate_files(translator, src_path, ref_path, batch_size=64, limit=None, ou
 
 
 def cmd_evaluate(args):
-    translator = _translator(args)
-    scores = evaluate_files(translator, args.src, args.ref, args.batch_size, args.limit, args.output)
+    scores = evaluate_files(_translate_fn(args), args.src, args.ref, args.batch_size, args.limit, args.output)
     print(json.dumps(scores, indent=2))
 
 
 def cmd_translate(args):
-    import tensorflow as tf
+    from keras_transformer.translator import translate_lines
 
     lines = args.text or [line.rstrip("\n") for line in sys.stdin]
-    if args.saved_model:
-        import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-
-        serve = tf.saved_model.load(args.saved_model).signatures["serving_default"]
-        out = serve(text=tf.constant(lines))["translation"].numpy()
-        results = [t.decode("utf-8") for t in out]
-    else:
-        results = _translator(args).translate_lines(lines, batch_size=args.batch_size)
-    for line in results:
+    for line in translate_lines(_translate_fn(args), lines, batch_size=args.batch_size):
         print(line)
 
 
@@ -125,7 +138,7 @@ def cmd_demo(args):
     model, src, tgt = train(config, verbose=2)
     translator = Translator(model, src, tgt, beam_size=4)
     print("[3/4] Evaluating on the generated validation set")
-    scores = evaluate_files(translator, config.val_src, config.val_tgt)
+    scores = evaluate_files(lambda batch: translator.serve(batch)["translation"], config.val_src, config.val_tgt)
     print(f"      BLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}")
     path = export_translator(translator, os.path.join(out, "saved_model"))
     print(f"[4/4] Exported the translator to {path}; translations:")
@@ -144,8 +157,10 @@ def main(argv=None):
     _add_training_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = commands.add_parser("evaluate", help="sacreBLEU and chrF of a run on a test set")
-    p.add_argument("--run", required=True, help="run folder written by train")
+    p = commands.add_parser("evaluate", help="sacreBLEU and chrF of a run or SavedModel on a test set")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", help="run folder written by train")
+    model.add_argument("--saved-model", help="exported SavedModel folder")
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("--limit", type=int, help="first N sentences only")

@@ -4,8 +4,9 @@ A run lives in one folder:
 
 - `config.json`: everything needed to rebuild the model and its inputs;
 - `source.model` / `target.model` (+ `.json`): the SentencePiece tokenizers;
-- `checkpoints/`: `keras.callbacks.BackupAndRestore` state; a run started
-  again on the same folder resumes from its last backup;
+- `checkpoints/`: `keras.callbacks.BackupAndRestore` state after every
+  epoch; a run started again on the same folder (after an interruption, or
+  with more `epochs`) continues from the last finished epoch;
 - `model.keras`: the weights after the latest epoch, `best.keras`: the best
   on validation loss;
 - `log.csv`: per-epoch losses, accuracies and learning rates.
@@ -207,7 +208,14 @@ def train(config, verbose=1):
     )
     monitor = "val_loss" if val_ds is not None else "loss"
     callbacks = [
-        keras.callbacks.BackupAndRestore(os.path.join(out, "checkpoints"), save_freq="epoch"),
+        # Kept after the run ends, so `train` with more epochs continues too;
+        # double_checkpoint keeps the previous backup if a save is cut off.
+        keras.callbacks.BackupAndRestore(
+            os.path.join(out, "checkpoints"),
+            save_freq="epoch",
+            double_checkpoint=True,
+            delete_checkpoint=False,
+        ),
         keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
         keras.callbacks.ModelCheckpoint(
             os.path.join(out, "best.keras"), monitor=monitor, save_best_only=True

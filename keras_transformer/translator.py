@@ -132,32 +132,10 @@ class Translator(tf.Module):
         return {"translation": translations[:, 0], "score": scores[:, 0]}
 
     def translate_lines(self, lines, batch_size=64, progress=False):
-        """Translate a list of `str`, in batches of similar length.
-
-        Sentences are sorted by length for batching (less padding) and
-        returned in their original order.
-
-        Args:
-            lines: list of `str`.
-            batch_size: int, sentences per batch.
-            progress: bool, show a progress bar.
-
-        Returns:
-            list of `str`, aligned with `lines`.
-        """
-        import keras
-
-        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-        results = [None] * len(lines)
-        bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            texts = self.serve(tf.constant([lines[i] for i in chunk]))["translation"]
-            for i, text in zip(chunk, texts.numpy()):
-                results[i] = text.decode("utf-8")
-            if bar is not None:
-                bar.add(len(chunk))
-        return results
+        """Translate a list of `str`; see `translate_lines`."""
+        return translate_lines(
+            lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
+        )
 
     def __call__(self, text):
         text = tf.convert_to_tensor(text, tf.string)
@@ -168,3 +146,35 @@ class Translator(tf.Module):
                 f"Translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
             )
         return self.serve(text)["translation"]
+
+
+def translate_lines(serve, lines, batch_size=64, progress=False):
+    """Translate a list of `str` in batches of similar length.
+
+    Sentences are sorted by length for batching (less padding) and the
+    results are returned in the original order.
+
+    Args:
+        serve: callable from a `tf.string` tensor `(batch,)` to translated
+            `tf.string` `(batch,)`: `Translator.serve` or a loaded
+            SavedModel's signature wrapped to return the translation.
+        lines: list of `str`.
+        batch_size: int, sentences per batch.
+        progress: bool, show a progress bar.
+
+    Returns:
+        list of `str`, aligned with `lines`.
+    """
+    import keras
+
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    results = [None] * len(lines)
+    bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        texts = serve(tf.constant([lines[i] for i in chunk], tf.string))
+        for i, text in zip(chunk, texts.numpy()):
+            results[i] = text.decode("utf-8")
+        if bar is not None:
+            bar.add(len(chunk))
+    return results

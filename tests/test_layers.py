@@ -250,3 +250,46 @@ def test_bad_arguments_raise_clear_errors():
         MultiHeadAttention(num_heads=2, key_dim=2, dropout_rate=1.5)
     with pytest.raises(ValueError, match="encoder_outputs"):
         TransformerDecoder(num_heads=2, dff=8)(np.ones((1, 2, 8), "float32"))
+
+
+def test_c07_mixed_float16_masking_is_finite_and_close_to_float32():
+    """C07: under mixed_float16, masked keys get weight 0, values stay finite
+    and within 1e-2 of the float32 run with the same weights; one fit step
+    gives a finite loss."""
+    from keras_transformer import MaskedSparseCategoricalCrossentropy
+    from keras_transformer import build_transformer
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], bool)
+    source = rng.normal(size=(2, 5, 16)).astype("float32")
+    ref_encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    ref_decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
+    ref_enc, ref_enc_w = ref_encoder(x, mask=mask, return_attention_scores=True)
+    ref_dec = ref_decoder(x, source, inputs_mask=mask, encoder_outputs_mask=mask)
+    ids = {"encoder_inputs": np.array([[5, 6, 7, 8, 3], [5, 3, 0, 0, 0]], "int32"),
+           "decoder_inputs": np.array([[2, 4, 5, 6], [2, 4, 0, 0]], "int32")}
+    labels = np.array([[4, 5, 6, 3], [4, 3, 0, 0]], "int32")
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+        decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
+        encoder.build(x.shape)
+        decoder.build(x.shape, source.shape)
+        encoder.set_weights(ref_encoder.get_weights())
+        decoder.set_weights(ref_decoder.get_weights())
+        enc, enc_w = encoder(x, mask=mask, return_attention_scores=True)
+        dec = decoder(x, source, inputs_mask=mask, encoder_outputs_mask=mask)
+        assert "float16" in str(enc.dtype)
+        for value in (enc, enc_w, dec):
+            assert np.isfinite(to_numpy(value).astype("float32")).all()
+        np.testing.assert_array_equal(to_numpy(enc_w)[1, :, :, 2:], 0.0)
+        np.testing.assert_allclose(to_numpy(enc).astype("float32"), to_numpy(ref_enc), atol=1e-2)
+        np.testing.assert_allclose(to_numpy(enc_w), to_numpy(ref_enc_w), atol=1e-2)
+        np.testing.assert_allclose(to_numpy(dec).astype("float32"), to_numpy(ref_dec), atol=1e-2)
+        model = build_transformer(10, 10, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+        model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy())
+        history = model.fit(ids, labels, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+    finally:
+        keras.config.set_dtype_policy("float32")

@@ -1,0 +1,62 @@
+"""The command line end to end on generated data: train, resume, evaluate,
+translate, export (tensorflow backend)."""
+
+import json
+import os
+
+import keras
+import pytest
+
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("the CLI uses the tensorflow backend", allow_module_level=True)
+
+from keras_transformer.cli import main  # noqa: E402
+from keras_transformer.data.synthetic import write_synthetic_corpus  # noqa: E402
+
+
+@pytest.mark.slow
+def test_train_resume_evaluate_translate_export(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=400, n_val=40, seed=2)
+    run = str(tmp_path / "run")
+    train_args = [
+        "train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+        "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+        "--output-dir", run, "--preset", "tiny", "--num-layers", "1", "--max-length", "24",
+        "--src-vocab-size", "150", "--tgt-vocab-size", "180", "--tokens-per-batch", "1024",
+        "--warmup-steps", "20", "--epochs", "1",
+    ]
+    main(train_args)
+    with open(os.path.join(run, "log.csv")) as f:
+        assert len(f.read().strip().splitlines()) == 2  # header + epoch 1
+    # Starting again with more epochs continues from epoch 1 (BackupAndRestore).
+    main(train_args[:-1] + ["2"])
+    with open(os.path.join(run, "log.csv")) as f:
+        epochs = [line.split(",")[0] for line in f.read().strip().splitlines()[1:]]
+    assert epochs == ["0", "1"]
+    for name in ("config.json", "best.keras", "model.keras", "source.model", "target.model"):
+        assert os.path.exists(os.path.join(run, name)), name
+    capsys.readouterr()
+
+    main(["evaluate", "--run", run, "--src", str(data / "val.en"), "--ref", str(data / "val.de"),
+          "--beam-size", "2"])
+    out = capsys.readouterr().out
+    scores = json.loads(out[out.index("{"):])
+    for key in ("bleu", "bleu_lowercase", "chrf"):
+        assert 0.0 <= scores[key] <= 100.0
+
+    main(["translate", "--run", run, "--beam-size", "1", "A dog runs.", "The cat sleeps."])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+
+    saved = str(tmp_path / "saved")
+    main(["export", "--run", run, "--output", saved, "--beam-size", "1"])
+    capsys.readouterr()
+    main(["translate", "--saved-model", saved, "A dog runs.", "The cat sleeps."])
+    assert capsys.readouterr().out.strip().splitlines() == lines
+
+
+def test_missing_run_folder_is_a_clear_error(tmp_path):
+    with pytest.raises((FileNotFoundError, SystemExit)) as info:
+        main(["translate", "--run", str(tmp_path / "nope"), "A dog."])
+    assert "nope" in str(info.value) or info.type is SystemExit
