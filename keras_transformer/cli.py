@@ -112,7 +112,7 @@ def cmd_translate(args):
 def cmd_export(args):
     from keras_transformer.export import export_translator
 
-    path = export_translator(_translator(args), args.output)
+    path = export_translator(_translator(args), args.output, weights_dtype=args.weights_dtype)
     print(f"SavedModel written to {path}")
 
 
@@ -182,6 +182,8 @@ def main(argv=None):
     p.add_argument("--run", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
+                   help="float16 halves the SavedModel; computation stays float32")
     _decoding_args(p)
     p.set_defaults(func=cmd_export)
 

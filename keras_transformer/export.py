@@ -3,6 +3,7 @@
 import json
 import os
 
+import keras
 import tensorflow as tf
 
 # Ops the export needs beyond core TensorFlow: tensorflow-text's
@@ -39,7 +40,57 @@ def saved_model_op_types(path):
     return sorted(ops)
 
 
-def export_translator(translator, path):
+class Float16StoragePolicy(keras.dtype_policies.DTypePolicy):
+    """Variables stored in float16, all computation in float32.
+
+    Halves a SavedModel's size at no measurable cost in accuracy: Keras
+    casts each variable to float32 when a layer reads it, so activations,
+    softmax and beam scores stay float32 (unlike `mixed_float16`, which
+    computes in float16). Used only for export, never for training.
+    """
+
+    def __init__(self, name="float16_storage"):
+        super().__init__("float32")
+        self._variable_dtype = "float16"
+
+    @property
+    def name(self):
+        return "float16_storage"
+
+
+def with_weights_dtype(model, weights_dtype):
+    """A copy of `model` whose variables are stored as `weights_dtype`.
+
+    Args:
+        model: a built `build_transformer` model.
+        weights_dtype: `"float32"` (returns `model` itself) or `"float16"`.
+
+    Returns:
+        A functional model computing in float32.
+
+    Raises:
+        ValueError: for another `weights_dtype`.
+    """
+    if weights_dtype == "float32":
+        return model
+    if weights_dtype != "float16":
+        raise ValueError(
+            f"`weights_dtype` must be 'float32' or 'float16'; got {weights_dtype!r}."
+        )
+    policy = Float16StoragePolicy()
+
+    def clone(layer):
+        config = layer.get_config()
+        if isinstance(layer, keras.layers.Layer) and "dtype" in config:
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights([w.astype("float16") for w in model.get_weights()])
+    return copy
+
+
+def export_translator(translator, path, weights_dtype="float32"):
     """Write `translator` as a SavedModel with a string-to-string signature.
 
     The signature `serving_default` takes `text` (`tf.string`, shape
@@ -58,10 +109,25 @@ def export_translator(translator, path):
     Args:
         translator: a `keras_transformer.Translator`.
         path: output folder (created; an existing SavedModel is replaced).
+        weights_dtype: `"float32"`, or `"float16"` to store the weights in
+            half the space while still computing in float32
+            (`Float16StoragePolicy`).
 
     Returns:
         `path`.
     """
+    if weights_dtype != "float32":
+        from keras_transformer.translator import Translator
+
+        translator = Translator(
+            with_weights_dtype(translator.model, weights_dtype),
+            translator.src_tokenizer,
+            translator.tgt_tokenizer,
+            beam_size=translator.beam_size,
+            length_penalty=translator.length_penalty,
+            max_length=translator.max_length,
+            length_ratio=translator.length_ratio,
+        )
     serve = translator.serve.get_concrete_function()
     os.makedirs(path, exist_ok=True)
     tf.saved_model.save(translator, path, signatures={"serving_default": serve})
@@ -77,6 +143,7 @@ def export_translator(translator, path):
             "length_penalty": translator.length_penalty,
             "source_max_length": translator.source_max_length,
         },
+        "weights_dtype": weights_dtype,
         "custom_ops": {"tensorflow_text": list(TENSORFLOW_TEXT_OPS)},
     }
     with open(os.path.join(path, METADATA_FILE), "w") as f:

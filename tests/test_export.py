@@ -140,3 +140,26 @@ def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
     full = translator.src_tokenizer.tokenize(tf.constant([long_text])).to_list()[0]
     np.testing.assert_array_equal(ids[0, :-1], full[: translator.source_max_length - 1])
     assert translator([long_text]).shape == (1,)
+
+
+def test_float16_weight_storage_halves_variables_and_keeps_translations(exported, tmp_path):
+    """Export with float16 storage: float16 variables, float32 compute, and the
+    reloaded SavedModel translates like the in-process float16-storage copy."""
+    from keras_transformer.export import with_weights_dtype
+
+    translators, _ = exported
+    translator = translators["greedy"]
+    path = export_translator(translator, str(tmp_path / "f16"), weights_dtype="float16")
+    copy = with_weights_dtype(translator.model, "float16")
+    assert {v.dtype for v in copy.weights} == {"float16"}
+    inputs = {"encoder_inputs": np.array([[5, 6, 3]]), "decoder_inputs": np.array([[2, 7]])}
+    np.testing.assert_allclose(copy(inputs).numpy(), translator.model(inputs).numpy(), atol=5e-3)
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    dtypes = {d for n, d in reader.get_variable_to_dtype_map().items() if "OBJECT_GRAPH" not in n}
+    assert dtypes == {tf.float16}
+    loaded = tf.saved_model.load(path)
+    want = Translator(copy, translator.src_tokenizer, translator.tgt_tokenizer, beam_size=1)(INPUTS)
+    got = loaded.signatures["serving_default"](text=tf.constant(INPUTS))["translation"]
+    assert got.numpy().tolist() == want.numpy().tolist()
+    with pytest.raises(ValueError, match="weights_dtype"):
+        export_translator(translator, str(tmp_path / "bad"), weights_dtype="int4")
