@@ -138,12 +138,16 @@ class _Timer(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.time()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
 
     def on_epoch_end(self, epoch, logs=None):
-        elapsed = time.time() - self.start
+        record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps}
+        record.update({k: float(v) for k, v in (logs or {}).items()})
         with open(self.path, "a") as f:
-            f.write(json.dumps({"epoch": epoch + 1, "seconds": round(elapsed, 1), **{
-                k: float(v) for k, v in (logs or {}).items()}}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 def train(config, verbose=1):

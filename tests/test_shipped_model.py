@@ -1,0 +1,41 @@
+"""The shipped Multi30k model reaches its recorded BLEU (tensorflow backend)."""
+
+import json
+import os
+
+import keras
+import pytest
+
+from conftest import REPO
+
+SHIPPED = REPO / "saved_models" / "multi30k-en-de"
+
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("the SavedModel runs on TensorFlow", allow_module_level=True)
+
+
+@pytest.mark.corpus
+@pytest.mark.slow
+def test_shipped_model_reaches_its_bleu_on_a_test_slice(multi30k):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from keras_transformer.data.text_files import read_parallel
+    from keras_transformer.evaluation import corpus_scores
+    from keras_transformer.translator import translate_lines
+
+    assert (SHIPPED / "saved_model.pb").exists(), f"no SavedModel in {SHIPPED}"
+    with open(SHIPPED / "metrics.json") as f:
+        metrics = json.load(f)
+    recorded = metrics["test_2016_flickr_first_200"]
+    sources, references = read_parallel(
+        os.path.join(multi30k, "test_2016_flickr.en.gz"),
+        os.path.join(multi30k, "test_2016_flickr.de.gz"),
+    )
+    signature = tf.saved_model.load(str(SHIPPED)).signatures["serving_default"]
+    hypotheses = translate_lines(lambda b: signature(text=b)["translation"], sources[:200])
+    scores = corpus_scores(hypotheses, references[:200])
+    # Same graph, same inputs: only float rounding across machines may differ.
+    assert scores["bleu"] >= recorded["bleu"] - 0.5, (scores, recorded)
+    assert scores["chrf"] >= recorded["chrf"] - 0.5
+    assert metrics["size_bytes"] <= 40 * 2**20
