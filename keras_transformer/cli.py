@@ -105,6 +105,16 @@ def cmd_translate(args):
     from keras_transformer.translator import translate_lines
 
     lines = args.text or [line.rstrip("\n") for line in sys.stdin]
+    if args.plot_attention:
+        if not args.run:
+            raise SystemExit("--plot-attention needs --run (the SavedModel returns no weights).")
+        from keras_transformer.plotting import plot_attention
+
+        found = _translator(args).attention(lines[0])
+        plot_attention(found["source_tokens"], found["output_tokens"], found["weights"],
+                       args.plot_attention, title=f"{lines[0]} -> {found['translation']}")
+        print(f"Cross-attention of the last decoder layer written to {args.plot_attention}",
+              file=sys.stderr)
     for line in translate_lines(_translate_fn(args), lines, batch_size=args.batch_size):
         print(line)
 
@@ -175,6 +185,8 @@ def main(argv=None):
     source.add_argument("--run", help="run folder written by train")
     source.add_argument("--saved-model", help="exported SavedModel folder")
     p.add_argument("--checkpoint", default="best", choices=["best", "last"])
+    p.add_argument("--plot-attention", metavar="FILE.png",
+                   help="draw the cross-attention of the first sentence, one panel per head")
     _decoding_args(p)
     p.set_defaults(func=cmd_translate)
 
@@ -189,12 +201,17 @@ def main(argv=None):
 
     p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")
     p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--train-pairs", type=int, default=6000)
     p.set_defaults(func=cmd_demo)
 
     args = parser.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, TypeError) as error:
+        if os.environ.get("KERAS_TRANSFORMER_TRACEBACK"):
+            raise
+        parser.exit(1, f"keras-transformer {args.command}: error: {error}\n")
 
 
 if __name__ == "__main__":

@@ -93,11 +93,17 @@ def with_weights_dtype(model, weights_dtype):
 def export_translator(translator, path, weights_dtype="float32"):
     """Write `translator` as a SavedModel with a string-to-string signature.
 
-    The signature `serving_default` takes `text` (`tf.string`, shape
-    `[None]`) and returns `translation` (`tf.string`, `[None]`, no special
-    tokens) and `score` (`float32`, `[None]`: the length-normalised
-    log-probability of the translation under beam search, the summed
-    log-probability under greedy decoding).
+    Signatures:
+
+    - `serving_default`: `text` (`tf.string`, `[None]`) -> `translation`
+      (`tf.string`, `[None]`, no special tokens) and `score` (`float32`,
+      `[None]`: the length-normalised log-probability under beam search,
+      the summed log-probability under greedy decoding);
+    - `translate_n_best`: `text` -> `translations` and `scores`, both
+      `[None, beam_size]`, best first;
+    - `translate_ids`: `source_ids` (`int32`, `[None, None]`, rows ending
+      in the end id, padded with 0) -> `target_ids` (`int32`,
+      `[None, None]`) and `score`, for clients that tokenize themselves.
 
     The graph holds core TensorFlow ops plus the three tensorflow-text
     SentencePiece ops in `TENSORFLOW_TEXT_OPS`, so it loads with
@@ -128,15 +134,35 @@ def export_translator(translator, path, weights_dtype="float32"):
             max_length=translator.max_length,
             length_ratio=translator.length_ratio,
         )
-    serve = translator.serve.get_concrete_function()
+    signatures = {
+        "serving_default": translator.serve.get_concrete_function(),
+        "translate_n_best": translator.serve_n_best.get_concrete_function(),
+        "translate_ids": translator.serve_ids.get_concrete_function(),
+    }
     os.makedirs(path, exist_ok=True)
-    tf.saved_model.save(translator, path, signatures={"serving_default": serve})
+    tf.saved_model.save(translator, path, signatures=signatures)
     metadata = {
         "signatures": {
             "serving_default": {
                 "inputs": {"text": "string [None]"},
                 "outputs": {"translation": "string [None]", "score": "float32 [None]"},
-            }
+            },
+            "translate_n_best": {
+                "inputs": {"text": "string [None]"},
+                "outputs": {
+                    "translations": f"string [None, {translator.beam_size}]",
+                    "scores": f"float32 [None, {translator.beam_size}]",
+                },
+            },
+            "translate_ids": {
+                "inputs": {"source_ids": "int32 [None, None]"},
+                "outputs": {"target_ids": "int32 [None, None]", "score": "float32 [None]"},
+            },
+        },
+        "special_ids": {
+            "pad_id": translator.tgt_tokenizer.pad_id,
+            "start_id": translator.tgt_tokenizer.start_id,
+            "end_id": translator.tgt_tokenizer.end_id,
         },
         "decoding": {
             "beam_size": translator.beam_size,

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 
 import keras
 
@@ -113,7 +114,13 @@ def load_run(output_dir, which="best"):
     Raises:
         FileNotFoundError: if the folder holds no trained model.
     """
-    with open(os.path.join(output_dir, "config.json")) as f:
+    config_path = os.path.join(output_dir, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(
+            f"{output_dir} is not a training run folder (no config.json); "
+            "pass the --output-dir of `keras-transformer train`."
+        )
+    with open(config_path) as f:
         config = json.load(f)
     names = ["best.keras", "model.keras"] if which == "best" else ["model.keras"]
     for name in names:
@@ -171,6 +178,11 @@ def train(config, verbose=1):
     if config.max_train_pairs:
         src_lines = src_lines[: config.max_train_pairs]
         tgt_lines = tgt_lines[: config.max_train_pairs]
+    if not any(s.strip() and t.strip() for s, t in zip(src_lines, tgt_lines)):
+        raise ValueError(
+            f"No sentence pairs in {config.train_src} / {config.train_tgt}: the "
+            "files are empty or every pair has a blank side."
+        )
     src_tok = _tokenizer(os.path.join(out, "source"), src_lines, config.src_vocab_size, config.lowercase)
     tgt_tok = _tokenizer(os.path.join(out, "target"), tgt_lines, config.tgt_vocab_size, config.lowercase)
 
@@ -228,5 +240,13 @@ def train(config, verbose=1):
         keras.callbacks.TerminateOnNaN(),
         _Timer(os.path.join(out, "epochs.jsonl")),
     ]
-    model.fit(train_ds, validation_data=val_ds, epochs=config.epochs, callbacks=callbacks, verbose=verbose)
+    with warnings.catch_warnings():
+        # The dataset is shuffled and its length unknown until the first
+        # pass; Keras warns about both on every epoch.
+        warnings.filterwarnings("ignore", message=".*shuffle=True. was passed")
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        model.fit(
+            train_ds, validation_data=val_ds, epochs=config.epochs,
+            callbacks=callbacks, verbose=verbose, shuffle=False,
+        )
     return model, src_tok, tgt_tok

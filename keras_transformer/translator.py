@@ -68,6 +68,16 @@ class Translator(tf.Module):
         self.src_tokenizer = src_tokenizer
         self.tgt_tokenizer = tgt_tokenizer
         self._parts = TransformerParts(model, pad_id=src_tokenizer.pad_id)
+        for side, tokenizer, layer in (
+            ("source", src_tokenizer, self._parts.encoder_embedding),
+            ("target", tgt_tokenizer, self._parts.decoder_embedding),
+        ):
+            if tokenizer.vocab_size != layer.vocab_size:
+                raise ValueError(
+                    f"The {side} tokenizer has {tokenizer.vocab_size} pieces but the "
+                    f"model's {layer.name} expects {layer.vocab_size}: pass the "
+                    "tokenizers the model was trained with, source first."
+                )
         self.beam_size = int(beam_size)
         self.length_penalty = float(length_penalty)
         self.max_length = max_length
@@ -116,14 +126,49 @@ class Translator(tf.Module):
             **self._search_kwargs(),
         )
 
+    def attention(self, text):
+        """Greedy translation of one sentence with its cross-attention weights.
+
+        The weights are those of the last decoder layer, per head, as in the
+        paper's figures and the TF tutorial.
+
+        Args:
+            text: `str`, one source sentence.
+
+        Returns:
+            dict with `"source_tokens"` (list of `str` pieces, the end token
+            last), `"output_tokens"` (list of `str` pieces, the end token
+            last), `"translation"` (`str`) and `"weights"`, a float32 NumPy
+            array `(num_heads, len(output_tokens), len(source_tokens))`.
+        """
+        source_ids = self.encode_source(tf.constant([text]))
+        kwargs = self._search_kwargs()
+        tokens, _, weights = greedy_search(self._parts, source_ids, return_attention=True, **kwargs)
+        tokens = tokens.numpy()[0].tolist()
+        end = self.tgt_tokenizer.end_id
+        n = tokens.index(end) + 1 if end in tokens else len(tokens)
+        source = source_ids.numpy()[0].tolist()
+        return {
+            "source_tokens": [self.src_tokenizer.id_to_piece(i) for i in source],
+            "output_tokens": [self.tgt_tokenizer.id_to_piece(i) for i in tokens[:n]],
+            "translation": self.tgt_tokenizer.detokenize(tf.constant(tokens)).numpy().decode("utf-8"),
+            "weights": weights.numpy()[0, :n].transpose(1, 0, 2),
+        }
+
     def translate_batch(self, text, n_best=1):
-        """`(batch,)` strings -> `(translations (batch, n_best), scores)`."""
+        """`(batch,)` strings -> `(translations (batch, n_best), scores)`.
+
+        An empty or blank source translates to the empty string with score 0.
+        """
         source_ids = self.encode_source(text)
         tokens, scores = self.translate_ids(source_ids, n_best=n_best)
         shape = tf.shape(tokens)
         flat = tf.reshape(tokens, (shape[0] * shape[1], shape[2]))
-        texts = self.tgt_tokenizer.detokenize(flat)
-        return tf.reshape(texts, (shape[0], shape[1])), scores
+        texts = tf.reshape(self.tgt_tokenizer.detokenize(flat), (shape[0], shape[1]))
+        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)[:, None]
+        texts = tf.where(blank, tf.constant("", tf.string), texts)
+        scores = tf.where(blank, tf.zeros_like(scores), scores)
+        return texts, scores
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def serve(self, text):
@@ -136,6 +181,42 @@ class Translator(tf.Module):
         return translate_lines(
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve_n_best(self, text):
+        """N-best signature: `text` (batch,) -> `translations` (batch, n) and
+        `scores` (batch, n), best first, with n = `beam_size`."""
+        translations, scores = self.translate_batch(text, n_best=self.beam_size)
+        return {"translations": translations, "scores": scores}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def serve_ids(self, source_ids):
+        """Token-id signature for clients that tokenize themselves.
+
+        `source_ids` int32 (batch, length): source subword ids, each row
+        ending with `end_id` and padded with `pad_id` (0); longer rows than
+        the model's `max_length` are cut to `max_length - 1` ids + `end_id`.
+        Returns `target_ids` int32 (batch, length): output ids ending with
+        `end_id` then `pad_id`, no `start_id`; and `score` float32 (batch,).
+        """
+        source_ids = self._clip_source(source_ids)
+        tokens, scores = self.translate_ids(source_ids)
+        return {"target_ids": tokens[:, 0], "score": scores[:, 0]}
+
+    def _clip_source(self, source_ids):
+        limit = self.source_max_length
+        too_long = tf.shape(source_ids)[1] > limit
+        end = self.src_tokenizer.end_id
+        pad = self.src_tokenizer.pad_id
+
+        def clip():
+            head = source_ids[:, : limit - 1]
+            # Rows that were cut get the end id; rows that ended earlier keep padding.
+            cut = tf.reduce_any(tf.not_equal(source_ids[:, limit - 1 :], pad), axis=1)
+            last = tf.where(cut, end, pad)[:, None]
+            return tf.concat([head, tf.cast(last, source_ids.dtype)], axis=1)
+
+        return tf.cond(too_long, clip, lambda: source_ids)
 
     def __call__(self, text):
         text = tf.convert_to_tensor(text, tf.string)
@@ -167,6 +248,11 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
     """
     import keras
 
+    if isinstance(lines, (str, bytes)):
+        raise TypeError(
+            "translate_lines takes a list of sentences, not one string; "
+            "wrap it as [sentence]."
+        )
     order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
     results = [None] * len(lines)
     bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None

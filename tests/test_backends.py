@@ -30,7 +30,7 @@ def test_neutral_files_pass_on_backend(backend):
         pytest.skip("already running on another backend")
     env = dict(os.environ, KERAS_BACKEND=backend)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NEUTRAL_FILES],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NEUTRAL_FILES],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
     )
     tail = result.stdout[-3000:] + result.stderr[-2000:]

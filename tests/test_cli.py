@@ -49,6 +49,11 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
 
+    plot = tmp_path / "attention.png"
+    main(["translate", "--run", run, "--beam-size", "1", "--plot-attention", str(plot), "A dog runs."])
+    assert capsys.readouterr().out.strip().splitlines() == lines[:1]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
     saved = str(tmp_path / "saved")
     main(["export", "--run", run, "--output", saved, "--beam-size", "1"])
     capsys.readouterr()

@@ -142,3 +142,19 @@ def test_bad_beam_arguments(parts):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=0)
     with pytest.raises(ValueError, match="n_best"):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=2, n_best=3)
+
+
+def test_greedy_cross_attention_weights(parts):
+    """Attention weights per output token: rows sum to 1 over real source
+    tokens, 0 on source padding, 0 after the end token; same tokens as without."""
+    tokens, _, attention = greedy_search(parts, SOURCES, start_id=START, end_id=END, return_attention=True)
+    plain, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(plain))
+    tokens, attention = to_numpy(tokens), to_numpy(attention)
+    assert attention.shape == (2, parts.max_length, parts.num_heads, SOURCES.shape[1])
+    for row in range(2):
+        n = int(np.flatnonzero(tokens[row] == END)[0]) + 1 if END in tokens[row] else parts.max_length
+        real = SOURCES[row] != PAD
+        np.testing.assert_allclose(attention[row, :n].sum(-1), 1.0, atol=1e-5)
+        np.testing.assert_array_equal(attention[row, :, :, ~real], 0.0)
+        np.testing.assert_array_equal(attention[row, n:], 0.0)

@@ -163,3 +163,41 @@ def test_float16_weight_storage_halves_variables_and_keeps_translations(exported
     assert got.numpy().tolist() == want.numpy().tolist()
     with pytest.raises(ValueError, match="weights_dtype"):
         export_translator(translator, str(tmp_path / "bad"), weights_dtype="int4")
+
+
+def test_n_best_and_token_id_signatures(exported):
+    """The n-best signature returns beam_size distinct, sorted hypotheses whose
+    first equals serving_default; the id signature equals tokenizing by hand."""
+    translators, paths = exported
+    loaded = tf.saved_model.load(paths["beam"])
+    default = loaded.signatures["serving_default"](text=tf.constant(INPUTS))
+    n_best = loaded.signatures["translate_n_best"](text=tf.constant(INPUTS))
+    assert n_best["translations"].shape == (3, 3) and n_best["scores"].shape == (3, 3)
+    assert n_best["translations"][:, 0].numpy().tolist() == default["translation"].numpy().tolist()
+    np.testing.assert_allclose(n_best["scores"][:, 0].numpy(), default["score"].numpy(), atol=1e-5)
+    assert (np.diff(n_best["scores"].numpy(), axis=1) <= 1e-6).all()
+    translator = translators["beam"]
+    source_ids = translator.encode_source(tf.constant(INPUTS))
+    by_ids = loaded.signatures["translate_ids"](source_ids=source_ids)
+    texts = translator.tgt_tokenizer.detokenize(by_ids["target_ids"]).numpy().tolist()
+    assert texts == default["translation"].numpy().tolist()
+    # An over-long id row is cut to max_length - 1 ids + end, like text input.
+    long_ids = tf.concat([source_ids[:1, :-1]] * 10 + [source_ids[:1, -1:]], axis=1)
+    long_text = " ".join([INPUTS[0]] * 10)
+    got = loaded.signatures["translate_ids"](source_ids=long_ids)["target_ids"]
+    want = translator.translate_ids(translator.encode_source(tf.constant([long_text])))[0][:, 0]
+    assert long_ids.shape[1] > translator.source_max_length
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_blank_input_gives_empty_translation_and_bad_pairings_are_refused(exported):
+    """A blank source translates to ""; swapped tokenizers and a bare string
+    instead of a list are clear errors, not crashes or per-character output."""
+    translators, _ = exported
+    translator = translators["beam"]
+    out = translator(["", "   ", INPUTS[0]]).numpy().tolist()
+    assert out[:2] == [b"", b""] and out[2] != b""
+    with pytest.raises(ValueError, match="tokenizers the model was trained with"):
+        Translator(translator.model, translator.tgt_tokenizer, translator.src_tokenizer)
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate_lines("A dog runs.")

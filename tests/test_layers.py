@@ -293,3 +293,16 @@ def test_c07_mixed_float16_masking_is_finite_and_close_to_float32():
         assert np.isfinite(history.history["loss"][0])
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_too_long_input_in_a_graph_is_a_clear_error():
+    """With an unknown length (a tf.function), the limit is checked in the graph."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("shapes are static on jax and torch: the eager check covers them")
+    import tensorflow as tf
+
+    layer = PositionalEmbedding(vocab_size=20, d_model=8, max_length=4)
+    embed = tf.function(layer, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    assert tuple(embed(tf.ones((1, 4), tf.int32)).shape) == (1, 4, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=4"):
+        embed(tf.ones((1, 5), tf.int32))

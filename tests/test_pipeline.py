@@ -236,3 +236,19 @@ def test_bucketing_keeps_padding_low_on_multi30k():
     sizes = [len(y) for _, y in bucketed]
     assert sum(sizes) == 2000
     assert max(sizes) > min(sizes)  # batch size varies with length
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    """Empty (or all-blank) files would train on nothing: refuse them."""
+    from keras_transformer.data import make_dataset
+    from keras_transformer.data.synthetic import make_synthetic_corpus
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    en, _ = make_synthetic_corpus(100)
+    tok = train_subword_tokenizer(en, 60)
+    (tmp_path / "a.en").write_text("")
+    (tmp_path / "a.de").write_text("")
+    with pytest.raises(ValueError, match="no sentence pair"):
+        make_dataset(str(tmp_path / "a.en"), str(tmp_path / "a.de"), tok, tok)
+    with pytest.raises(ValueError, match="no sentence pair"):
+        make_dataset(["", " "], ["x", ""], tok, tok)

@@ -74,13 +74,19 @@ def _read_pairs(src, tgt):
     if isinstance(src, (str, os.PathLike)) and isinstance(
         tgt, (str, os.PathLike)
     ):
-        return read_parallel(src, tgt)
-    src_lines, tgt_lines = _as_lines(src, "src"), _as_lines(tgt, "tgt")
+        src_lines, tgt_lines = read_parallel(src, tgt)
+    else:
+        src_lines, tgt_lines = _as_lines(src, "src"), _as_lines(tgt, "tgt")
     if len(src_lines) != len(tgt_lines):
         raise ValueError(
             "`src` and `tgt` must be aligned, one translation per line. "
             f"Received {len(src_lines)} source and {len(tgt_lines)} target "
             "sentences."
+        )
+    if not any(s.strip() and t.strip() for s, t in zip(src_lines, tgt_lines)):
+        raise ValueError(
+            "`src` and `tgt` hold no sentence pair: they are empty or every "
+            "pair has a blank side, so a model would train on nothing."
         )
     return src_lines, tgt_lines
 

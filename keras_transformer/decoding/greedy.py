@@ -17,6 +17,7 @@ def greedy_search(
     max_length=None,
     length_ratio=None,
     length_offset=10,
+    return_attention=False,
 ):
     """Pick the most probable token at each step until `end_id`.
 
@@ -37,11 +38,15 @@ def greedy_search(
             model's `max_length`.
         length_ratio: optional float, see `decode_limits`.
         length_offset: int, see `decode_limits`.
+        return_attention: bool, also return the last decoder layer's
+            cross-attention weights.
 
     Returns:
         `(tokens, scores)`: int32 `(batch, max_length)` output ids (the end
         token included, no start token) and float32 `(batch,)` sums of the
-        chosen tokens' log-probabilities.
+        chosen tokens' log-probabilities; with `return_attention`, also
+        float32 `(batch, max_length, num_heads, source_length)` weights of
+        each output token over the source (zero after the end token).
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
@@ -54,14 +59,23 @@ def greedy_search(
     last = ops.full((batch,), start_id, "int32")
     finished = ops.zeros((batch,), "bool")
     scores = ops.zeros((batch,), "float32")
+    source_length = ops.shape(source_ids)[1]
+    attention = ops.zeros((batch, length, parts.num_heads, source_length), "float32")
 
-    def cond(t, last, tokens, finished, scores, *caches):
+    def cond(t, last, tokens, finished, scores, attention, *caches):
         return ops.logical_and(t < length, ops.logical_not(ops.all(finished)))
 
-    def body(t, last, tokens, finished, scores, *caches):
-        logits, new_caches = parts.decode_step(
-            last, t, unflatten_caches(caches), cross, encoder_mask
+    def body(t, last, tokens, finished, scores, attention, *caches):
+        outputs = parts.decode_step(
+            last, t, unflatten_caches(caches), cross, encoder_mask,
+            return_attention_scores=return_attention,
         )
+        logits, new_caches = outputs[0], outputs[1]
+        if return_attention:
+            weights = ops.where(
+                ops.reshape(finished, (-1, 1, 1)), 0.0, ops.cast(outputs[2], "float32")
+            )
+            attention = ops.slice_update(attention, [0, t, 0, 0], ops.expand_dims(weights, 1))
         log_probs = ops.log_softmax(logits, axis=-1)
         at_limit = ops.greater_equal(t + 1, limits)
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
@@ -71,9 +85,13 @@ def greedy_search(
         scores = scores + ops.where(finished, 0.0, gained)
         tokens = ops.slice_update(tokens, [0, t], best[:, None])
         finished = ops.logical_or(finished, ops.equal(best, end_id))
-        return (t + 1, best, tokens, finished, scores, *flatten_caches(new_caches))
+        return (t + 1, best, tokens, finished, scores, attention, *flatten_caches(new_caches))
 
     outputs = ops.while_loop(
-        cond, body, (ops.convert_to_tensor(0, "int32"), last, tokens, finished, scores, *caches)
+        cond,
+        body,
+        (ops.convert_to_tensor(0, "int32"), last, tokens, finished, scores, attention, *caches),
     )
+    if return_attention:
+        return outputs[2], outputs[4], outputs[5]
     return outputs[2], outputs[4]

@@ -138,7 +138,7 @@ class MultiHeadAttention(keras.layers.Layer):
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=8)
     >>> x = np.ones((3, 5, 16), "float32")
-    >>> layer(x, x).shape
+    >>> tuple(layer(x, x).shape)
     (3, 5, 16)
 
     References:

@@ -71,7 +71,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Example:
     >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
-    >>> layer(np.array([[5, 6, 0]])).shape
+    >>> tuple(layer(np.array([[5, 6, 0]])).shape)
     (1, 3, 16)
 
     References:
@@ -119,10 +119,15 @@ class PositionalEmbedding(keras.layers.Layer):
             name="token_embedding",
         )
         self.token_embedding.build((None, None))
-        self.position_encoding = ops.convert_to_tensor(
-            sinusoidal_encoding(self.max_length, self.d_model)
-        )
+        # A NumPy constant, turned into a tensor at each call: a tensor made
+        # here would leak out of a tf.function that happens to build the layer.
+        self._position_table = sinusoidal_encoding(self.max_length, self.d_model)
         self.built = True
+
+    @property
+    def position_encoding(self):
+        """The sinusoidal table, `(max_length, d_model)` float32 tensor."""
+        return ops.convert_to_tensor(self._position_table)
 
     @property
     def embeddings(self):
@@ -143,13 +148,31 @@ class PositionalEmbedding(keras.layers.Layer):
                 "the input to max_length tokens, or build the model with a "
                 "larger max_length."
             )
+        elif length is None and keras.backend.backend() == "tensorflow":
+            # Unknown length inside a tf.function: check in the graph, with
+            # the same message, rather than fail later in a Slice op.
+            import tensorflow as tf
+
+            tf.debugging.assert_less_equal(
+                tf.shape(inputs)[1] + start_index,
+                self.max_length,
+                message=(
+                    f"PositionalEmbedding got a sequence longer than its "
+                    f"max_length={self.max_length}. Truncate the input to "
+                    "max_length tokens (make_dataset's max_length must not "
+                    "exceed the model's), or build the model with a larger "
+                    "max_length."
+                ),
+            )
         embedded = self.token_embedding(inputs)
         embedded = ops.multiply(
             embedded, ops.cast(self.d_model**0.5, embedded.dtype)
         )
         length = ops.shape(inputs)[1]
         positions = ops.slice(
-            self.position_encoding, (start_index, 0), (length, self.d_model)
+            ops.convert_to_tensor(self._position_table),
+            (start_index, 0),
+            (length, self.d_model),
         )
         return embedded + ops.cast(positions, embedded.dtype)[None]
 

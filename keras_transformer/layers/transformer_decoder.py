@@ -70,7 +70,7 @@ class TransformerDecoder(keras.layers.Layer):
     Example:
     >>> block = TransformerDecoder(num_heads=2, dff=32)
     >>> y = block(np.ones((2, 7, 16), "float32"), np.ones((2, 5, 16), "float32"))
-    >>> y.shape
+    >>> tuple(y.shape)
     (2, 7, 16)
 
     References:

@@ -48,7 +48,7 @@ class TransformerEncoder(keras.layers.Layer):
 
     Example:
     >>> block = TransformerEncoder(num_heads=2, dff=32)
-    >>> block(np.ones((2, 5, 16), "float32")).shape
+    >>> tuple(block(np.ones((2, 5, 16), "float32")).shape)
     (2, 5, 16)
 
     References:

@@ -84,8 +84,8 @@ def build_transformer(
     Example:
     >>> model = build_transformer(100, 120, num_layers=1, d_model=16,
     ...                           num_heads=2, dff=32, max_length=10)
-    >>> model({"encoder_inputs": np.array([[5, 6, 0]]),
-    ...        "decoder_inputs": np.array([[2, 7]])}).shape
+    >>> tuple(model({"encoder_inputs": np.array([[5, 6, 0]]),
+    ...              "decoder_inputs": np.array([[2, 7]])}).shape)
     (1, 2, 120)
 
     References:
