@@ -18,6 +18,8 @@ import platform
 import time
 
 from keras_transformer.cli import _load_saved_model, evaluate_files
+from keras_transformer.data.text_files import read_parallel
+from keras_transformer.evaluation import corpus_scores
 from keras_transformer.export import export_translator
 from keras_transformer.training import TrainingConfig, load_run, train
 from keras_transformer.translator import Translator
@@ -54,10 +56,15 @@ def ship(args):
     serve = _load_saved_model(out)
     d = args.data
     val = evaluate_files(serve, f"{d}/val.en.gz", f"{d}/val.de.gz")
-    test = evaluate_files(serve, f"{d}/test_2016_flickr.en.gz", f"{d}/test_2016_flickr.de.gz")
-    test_slice = evaluate_files(
-        serve, f"{d}/test_2016_flickr.en.gz", f"{d}/test_2016_flickr.de.gz", limit=SLICE
+    hypotheses_path = os.path.join(out, "test_2016_flickr.hyp.de")
+    test = evaluate_files(
+        serve, f"{d}/test_2016_flickr.en.gz", f"{d}/test_2016_flickr.de.gz", output=hypotheses_path
     )
+    with open(hypotheses_path, encoding="utf-8") as f:
+        hypotheses = f.read().splitlines()
+    os.remove(hypotheses_path)  # keep the SavedModel folder clean
+    _, references = read_parallel(f"{d}/test_2016_flickr.en.gz", f"{d}/test_2016_flickr.de.gz")
+    test_slice = corpus_scores(hypotheses[:SLICE], references[:SLICE])
     epochs = []
     with open(os.path.join(args.run, "epochs.jsonl")) as f:
         epochs = [json.loads(line) for line in f if line.strip()]

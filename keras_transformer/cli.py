@@ -35,6 +35,8 @@ def _decoding_args(parser):
     parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy decoding")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
 
 
 def _load_saved_model(path):
@@ -58,7 +60,8 @@ def _translator(args):
     from keras_transformer.translator import Translator
 
     model, src, tgt, _ = load_run(args.run, which=getattr(args, "checkpoint", "best"))
-    return Translator(model, src, tgt, beam_size=args.beam_size, length_penalty=args.length_penalty)
+    return Translator(model, src, tgt, beam_size=args.beam_size, length_penalty=args.length_penalty,
+                      jit_compile=getattr(args, "jit_compile", False))
 
 
 def cmd_train(args):

@@ -201,3 +201,12 @@ def test_blank_input_gives_empty_translation_and_bad_pairings_are_refused(export
         Translator(translator.model, translator.tgt_tokenizer, translator.src_tokenizer)
     with pytest.raises(TypeError, match="list of sentences"):
         translator.translate_lines("A dog runs.")
+
+
+def test_xla_compiled_search_gives_the_same_translations(exported):
+    """jit_compile=True (XLA, sources padded to a multiple of 8) changes speed only."""
+    translators, _ = exported
+    for name, translator in translators.items():
+        fast = Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer,
+                          beam_size=translator.beam_size, jit_compile=True)
+        assert fast(INPUTS).numpy().tolist() == translator(INPUTS).numpy().tolist(), name
