@@ -140,7 +140,20 @@ def export_translator(translator, path, weights_dtype="float32"):
         "translate_ids": translator.serve_ids.get_concrete_function(),
     }
     os.makedirs(path, exist_ok=True)
-    tf.saved_model.save(translator, path, signatures=signatures)
+    # The root holds the tf.Variables the signatures capture (as
+    # `keras.export.ExportArchive` does) and the tokenizers, not the Keras
+    # model or its `keras.Variable` wrappers: such a SavedModel restores in
+    # TF2's loader but not in the session-based loader of TF Serving and
+    # `saved_model_cli run` ("Could not find variable ...").
+    root = tf.__internal__.tracking.AutoTrackable()
+    captured = {}
+    for function in signatures.values():
+        for variable in function.variables:  # the tf.Variables themselves
+            captured.setdefault(id(variable), variable)
+    root.variables = list(captured.values())
+    root.src_tokenizer = translator.src_tokenizer
+    root.tgt_tokenizer = translator.tgt_tokenizer
+    tf.saved_model.save(root, path, signatures=signatures)
     metadata = {
         "signatures": {
             "serving_default": {

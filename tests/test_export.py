@@ -210,3 +210,37 @@ def test_xla_compiled_search_gives_the_same_translations(exported):
         fast = Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer,
                           beam_size=translator.beam_size, jit_compile=True)
         assert fast(INPUTS).numpy().tolist() == translator(INPUTS).numpy().tolist(), name
+
+
+SAVED_MODEL_CLI = (
+    "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
+    "sys.argv[0] = 'saved_model_cli'; sys.exit(saved_model_cli.main())"
+)
+
+
+@pytest.mark.parametrize("weights_dtype", ["float32", "float16"])
+def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights_dtype):
+    """`saved_model_cli show` lists the signatures; `saved_model_cli run` loads
+    the model with the TF1 session loader, the one TF Serving uses, and gives
+    the same translation (a SavedModel tracking the Keras model object fails
+    there with "Could not find variable")."""
+    translators, paths = exported
+    translator = translators["beam"]
+    path = paths["beam"]
+    if weights_dtype == "float16":
+        path = export_translator(translator, str(tmp_path / "f16"), weights_dtype="float16")
+    show = subprocess.run([sys.executable, "-c", SAVED_MODEL_CLI, "show", "--dir", path, "--all"],
+                          capture_output=True, text=True, timeout=300)
+    assert show.returncode == 0, show.stderr[-2000:]
+    for name in ("serving_default", "translate_n_best", "translate_ids", "inputs['text']",
+                 "outputs['translation']"):
+        assert name in show.stdout
+    run = subprocess.run(
+        [sys.executable, "-c", SAVED_MODEL_CLI, "run", "--dir", path, "--tag_set", "serve",
+         "--signature_def", "serving_default", "--input_exprs", f"text={INPUTS[:2]!r}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    loaded = tf.saved_model.load(path).signatures["serving_default"]
+    want = loaded(text=tf.constant(INPUTS[:2]))["translation"].numpy().tolist()
+    assert "[" + " ".join(repr(t) for t in want) + "]" in run.stdout
