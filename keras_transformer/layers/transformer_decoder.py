@@ -10,10 +10,11 @@ from keras_transformer.layers.masks import merge_masks
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
+from keras_transformer.layers.transformer_block import TransformerBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerDecoder(keras.layers.Layer):
+class TransformerDecoder(TransformerBlock):
     """Transformer decoder block (section 3.1, figure 1 right).
 
     Three sub-layers, each in a residual connection with dropout and layer
@@ -77,45 +78,10 @@ class TransformerDecoder(keras.layers.Layer):
         Vaswani et al. (2017), sections 3.1, 3.2.3.
     """
 
-    def __init__(
-        self,
-        *,
-        num_heads,
-        dff,
-        dropout_rate=0.1,
-        attention_dropout_rate=None,
-        activation="relu",
-        layer_norm_epsilon=1e-6,
-        norm_first=False,
-        kernel_initializer="glorot_uniform",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.dff = int(dff)
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = (
-            self.dropout_rate
-            if attention_dropout_rate is None
-            else float(attention_dropout_rate)
-        )
-        self.activation = keras.activations.get(activation)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.norm_first = bool(norm_first)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.supports_masking = True
-
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        d_model = inputs_shape[-1]
-        if d_model % self.num_heads:
-            raise ValueError(
-                f"{type(self).__name__}: num_heads={self.num_heads} must divide "
-                f"d_model={d_model}; pick num_heads among the divisors of d_model."
-            )
+        self._check_d_model(inputs_shape[-1])
         if encoder_outputs_shape is None:
             encoder_outputs_shape = inputs_shape
-        self.d_model = d_model
-        self.key_dim = d_model // self.num_heads
         dtype = self.dtype_policy
 
         def attention(name):
@@ -321,26 +287,5 @@ class TransformerDecoder(keras.layers.Layer):
             outputs += (weights["cross_attention"],)
         return outputs
 
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "dff": self.dff,
-                "dropout_rate": self.dropout_rate,
-                "attention_dropout_rate": self.attention_dropout_rate,
-                "activation": keras.activations.serialize(self.activation),
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "norm_first": self.norm_first,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-            }
-        )
-        return config

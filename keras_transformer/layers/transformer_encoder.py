@@ -7,10 +7,11 @@ from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
+from keras_transformer.layers.transformer_block import TransformerBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerEncoder(keras.layers.Layer):
+class TransformerEncoder(TransformerBlock):
     """Transformer encoder block: self-attention, then a feed-forward net.
 
     Each of the two sub-layers sits in a residual connection with dropout and
@@ -55,42 +56,9 @@ class TransformerEncoder(keras.layers.Layer):
         Vaswani et al. (2017), section 3.1 and figure 1 (left).
     """
 
-    def __init__(
-        self,
-        *,
-        num_heads,
-        dff,
-        dropout_rate=0.1,
-        attention_dropout_rate=None,
-        activation="relu",
-        layer_norm_epsilon=1e-6,
-        norm_first=False,
-        kernel_initializer="glorot_uniform",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.dff = int(dff)
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = (
-            self.dropout_rate
-            if attention_dropout_rate is None
-            else float(attention_dropout_rate)
-        )
-        self.activation = keras.activations.get(activation)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.norm_first = bool(norm_first)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.supports_masking = True
-
     def build(self, input_shape):
-        d_model = input_shape[-1]
-        if d_model % self.num_heads:
-            raise ValueError(
-                f"{type(self).__name__}: num_heads={self.num_heads} must divide "
-                f"d_model={d_model}; pick num_heads among the divisors of d_model."
-            )
-        self.d_model = d_model
+        self._check_d_model(input_shape[-1])
+        d_model = self.d_model
         dtype = self.dtype_policy
         self.self_attention = MultiHeadAttention(
             num_heads=self.num_heads,
@@ -156,27 +124,3 @@ class TransformerEncoder(keras.layers.Layer):
         if return_attention_scores:
             return x, weights
         return x
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "dff": self.dff,
-                "dropout_rate": self.dropout_rate,
-                "attention_dropout_rate": self.attention_dropout_rate,
-                "activation": keras.activations.serialize(self.activation),
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "norm_first": self.norm_first,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
-            }
-        )
-        return config

@@ -1,0 +1,73 @@
+"""What the encoder and decoder blocks share: arguments, config, masks."""
+
+import keras
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Base of `TransformerEncoder` and `TransformerDecoder`.
+
+    Holds the hyper-parameters both blocks take (see their docstrings), their
+    config, the check that `num_heads` divides `d_model`, and passes the
+    Keras mask of the block's first input on unchanged.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_heads,
+        dff,
+        dropout_rate=0.1,
+        attention_dropout_rate=None,
+        activation="relu",
+        layer_norm_epsilon=1e-6,
+        norm_first=False,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.dff = int(dff)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = (
+            self.dropout_rate
+            if attention_dropout_rate is None
+            else float(attention_dropout_rate)
+        )
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.norm_first = bool(norm_first)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def _check_d_model(self, d_model):
+        if d_model % self.num_heads:
+            raise ValueError(
+                f"{type(self).__name__}: num_heads={self.num_heads} must divide "
+                f"d_model={d_model}; pick num_heads among the divisors of d_model."
+            )
+        self.d_model = d_model
+        self.key_dim = d_model // self.num_heads
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "dff": self.dff,
+                "dropout_rate": self.dropout_rate,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "norm_first": self.norm_first,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config
