@@ -1,0 +1,243 @@
+"""Training speed: this library against KerasHub blocks and the TF tutorial's way.
+
+    python benchmarks/training.py            # both workloads (about 10 minutes on 2 cores)
+    python benchmarks/training.py --quick    # smoke run: few steps
+
+Config "bench-small": vocabularies 8,000, d_model 256, 4 heads, dff 1,024,
+3 + 3 layers, dropout 0.1, maximum length 40, batch 64, Adam. Contenders,
+built at that config in one process and trained step by step in turn on the
+same batches (round robin, so machine noise hits all alike):
+
+1. `ours`: `build_transformer` with `MaskedSparseCategoricalCrossentropy`
+   and `MaskedAccuracy`;
+2. `keras_hub`: `TokenAndPositionEmbedding` + `TransformerEncoder` /
+   `TransformerDecoder` from KerasHub, as the keras-io KerasHub translation
+   example builds it (loss with `ignore_class=0`);
+3. `tutorial`: the TF tutorial's design: `keras.layers.MultiHeadAttention`
+   with `use_causal_mask=True`, post-LN blocks, sinusoidal positions.
+
+Workloads: `random` (identical batches, lengths 8-40, padded to 40) and
+`multi30k` (real En->De batches from `$MULTI30K_DIR`; `ours` uses its
+length-bucketed pipeline, the peers a plain padded one).
+
+Reported per contender: non-padding target tokens/s (median of the timed
+steps after warm-up), step time, useful FLOP/s as a share of the float32
+matmul peak measured in the same run, and the ratio of `ours` to each peer.
+FLOPs are counted as 3x the forward matmul FLOPs of the non-padding tokens
+(2 per multiply-add; projections, feed-forward, logits, and the attention
+score and value products over the real lengths); softmax, LayerNorm and
+embedding lookups are not counted.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentropy  # noqa: E402
+from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
+
+VOCAB, D_MODEL, HEADS, DFF, LAYERS, MAX_LEN, BATCH = 8000, 256, 4, 1024, 3, 40, 64
+
+
+def build_ours():
+    model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN)
+    model.compile(keras.optimizers.Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
+                  metrics=[MaskedAccuracy()])
+    return model
+
+
+def build_keras_hub():
+    import keras_hub
+
+    enc_in = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    dec_in = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    x = keras_hub.layers.TokenAndPositionEmbedding(VOCAB, MAX_LEN, D_MODEL, mask_zero=True)(enc_in)
+    for _ in range(LAYERS):
+        x = keras_hub.layers.TransformerEncoder(DFF, HEADS, dropout=0.1)(x)
+    y = keras_hub.layers.TokenAndPositionEmbedding(VOCAB, MAX_LEN, D_MODEL, mask_zero=True)(dec_in)
+    for _ in range(LAYERS):
+        y = keras_hub.layers.TransformerDecoder(DFF, HEADS, dropout=0.1)(y, encoder_sequence=x)
+    logits = keras.layers.Dense(VOCAB)(y)
+    model = keras.Model({"encoder_inputs": enc_in, "decoder_inputs": dec_in}, logits)
+    model.compile(keras.optimizers.Adam(1e-4),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+                  metrics=["accuracy"])
+    return model
+
+
+class TutorialPositionalEmbedding(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = keras.layers.Embedding(VOCAB, D_MODEL, mask_zero=True)
+        self.table = sinusoidal_encoding(MAX_LEN, D_MODEL)
+
+    def compute_mask(self, inputs, mask=None):
+        return self.embedding.compute_mask(inputs)
+
+    def call(self, x):
+        length = keras.ops.shape(x)[1]
+        return self.embedding(x) * D_MODEL**0.5 + keras.ops.convert_to_tensor(self.table)[None, :length]
+
+
+def build_tutorial():
+    def ffn(x):
+        y = keras.layers.Dense(DFF, activation="relu")(x)
+        y = keras.layers.Dropout(0.1)(keras.layers.Dense(D_MODEL)(y))
+        return keras.layers.LayerNormalization()(keras.layers.Add()([x, y]))
+
+    enc_in = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    dec_in = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    x = keras.layers.Dropout(0.1)(TutorialPositionalEmbedding()(enc_in))
+    for _ in range(LAYERS):
+        a = keras.layers.MultiHeadAttention(HEADS, D_MODEL // HEADS, dropout=0.1)(x, x)
+        x = ffn(keras.layers.LayerNormalization()(keras.layers.Add()([x, a])))
+    y = keras.layers.Dropout(0.1)(TutorialPositionalEmbedding()(dec_in))
+    for _ in range(LAYERS):
+        a = keras.layers.MultiHeadAttention(HEADS, D_MODEL // HEADS, dropout=0.1)(y, y, use_causal_mask=True)
+        y = keras.layers.LayerNormalization()(keras.layers.Add()([y, a]))
+        c = keras.layers.MultiHeadAttention(HEADS, D_MODEL // HEADS, dropout=0.1)(y, x)
+        y = ffn(keras.layers.LayerNormalization()(keras.layers.Add()([y, c])))
+    logits = keras.layers.Dense(VOCAB)(y)
+    model = keras.Model({"encoder_inputs": enc_in, "decoder_inputs": dec_in}, logits)
+    model.compile(keras.optimizers.Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0))
+    return model
+
+
+def useful_flops(src_lengths, tgt_lengths):
+    """3 x forward matmul FLOPs of the real tokens of one batch (see module doc)."""
+    d, f = D_MODEL, DFF
+    enc_token = LAYERS * (2 * 4 * d * d + 2 * 2 * d * f)
+    dec_token = LAYERS * (2 * 8 * d * d + 2 * 2 * d * f) + 2 * d * VOCAB
+    total = 0
+    for s, t in zip(src_lengths, tgt_lengths):
+        attention = LAYERS * (2 * 2 * s * s * d + 2 * 2 * t * t * d / 2 + 2 * 2 * t * s * d)
+        total += s * enc_token + t * dec_token + attention
+    return 3 * total
+
+
+def matmul_peak(seconds=3.0):
+    import tensorflow as tf
+
+    a = tf.random.normal((2048, 2048))
+    b = tf.random.normal((2048, 2048))
+    f = tf.function(lambda: tf.matmul(a, b))
+    f().numpy()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        f().numpy()
+        n += 1
+    return n * 2 * 2048**3 / (time.perf_counter() - start)
+
+
+def random_batches(n, rng):
+    batches = []
+    for _ in range(n):
+        src_len = rng.integers(8, MAX_LEN + 1, BATCH)
+        tgt_len = rng.integers(8, MAX_LEN + 1, BATCH)
+        src = np.zeros((BATCH, MAX_LEN), "int32")
+        dec = np.zeros((BATCH, MAX_LEN), "int32")
+        lab = np.zeros((BATCH, MAX_LEN), "int32")
+        for i in range(BATCH):
+            src[i, : src_len[i]] = rng.integers(4, VOCAB, src_len[i])
+            tokens = rng.integers(4, VOCAB, tgt_len[i])
+            dec[i, 0] = 2
+            dec[i, 1 : tgt_len[i]] = tokens[:-1]
+            lab[i, : tgt_len[i]] = tokens
+        batches.append(({"encoder_inputs": src, "decoder_inputs": dec}, lab))
+    return batches
+
+
+def multi30k_batches(n, directory):
+    """Per contender: ours bucketed by length, the peers padded to MAX_LEN."""
+    from keras_transformer.data import make_dataset
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    en, de = f"{directory}/train.en.gz", f"{directory}/train.de.gz"
+    src_tok = train_subword_tokenizer(en, VOCAB, max_sentences=10000)
+    tgt_tok = train_subword_tokenizer(de, VOCAB, max_sentences=10000)
+    ours = make_dataset(en, de, src_tok, tgt_tok, max_length=MAX_LEN, tokens_per_batch=BATCH * 24, seed=0)
+    plain = make_dataset(en, de, src_tok, tgt_tok, max_length=MAX_LEN, batch_size=BATCH, seed=0)
+
+    def take(ds, pad):
+        out = []
+        for x, y in ds.take(n):
+            x = {k: v.numpy() for k, v in x.items()}
+            y = y.numpy()
+            if pad:
+                x = {k: np.pad(v, [(0, 0), (0, MAX_LEN - v.shape[1])]) for k, v in x.items()}
+                y = np.pad(y, [(0, 0), (0, MAX_LEN - y.shape[1])])
+            out.append((x, y))
+        return out
+
+    return {"ours": take(ours, False), "peers": take(plain, True)}
+
+
+def run(models, batches_for, steps, warmup, peak):
+    times = {name: [] for name in models}
+    tokens = {name: [] for name in models}
+    flops = {name: [] for name in models}
+    padding = {name: [] for name in models}
+    for step in range(warmup + steps):
+        for name, model in models.items():
+            x, y = batches_for(name)[step % len(batches_for(name))]
+            start = time.perf_counter()
+            model.train_on_batch(x, y)
+            elapsed = time.perf_counter() - start
+            if step >= warmup:
+                real_t = (y != 0).sum(1)
+                real_s = (x["encoder_inputs"] != 0).sum(1)
+                times[name].append(elapsed)
+                tokens[name].append(real_t.sum() / elapsed)
+                flops[name].append(useful_flops(real_s, real_t) / elapsed)
+                padding[name].append(1 - (real_t.sum() + real_s.sum()) / (y.size + x["encoder_inputs"].size))
+    rows = {}
+    for name in models:
+        rows[name] = dict(
+            tokens_per_s=statistics.median(tokens[name]),
+            step_ms=statistics.median(times[name]) * 1000,
+            peak_share=statistics.median(flops[name]) / peak,
+            padding=statistics.mean(padding[name]),
+        )
+    return rows
+
+
+def report(title, rows):
+    print(f"\n== {title}")
+    print(f"{'contender':10} {'tokens/s':>10} {'step ms':>9} {'% matmul peak':>14} {'padding':>8}")
+    for name, r in rows.items():
+        print(f"{name:10} {r['tokens_per_s']:10.0f} {r['step_ms']:9.0f} {100 * r['peak_share']:13.1f}% {100 * r['padding']:7.1f}%")
+    for name in rows:
+        if name != "ours":
+            print(f"ours / {name}: x{rows['ours']['tokens_per_s'] / rows[name]['tokens_per_s']:.2f} tokens/s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    steps, warmup = (3, 1) if args.quick else (15, 3)
+    keras.utils.set_random_seed(0)
+    peak = matmul_peak(1.0 if args.quick else 3.0)
+    print(f"backend {keras.backend.backend()}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+    models = {"ours": build_ours(), "keras_hub": build_keras_hub(), "tutorial": build_tutorial()}
+    batches = random_batches(steps + warmup, np.random.default_rng(0))
+    report("identical random batches", run(models, lambda name: batches, steps, warmup, peak))
+    directory = os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")
+    if os.path.exists(f"{directory}/train.en.gz"):
+        real = multi30k_batches(steps + warmup, directory)
+        rows = run(models, lambda name: real["ours" if name == "ours" else "peers"], steps, warmup, peak)
+        report("Multi30k batches, each contender's own pipeline", rows)
+    else:
+        print(f"\n(no Multi30k at {directory}: real-batch workload skipped)")
+
+
+if __name__ == "__main__":
+    main()
