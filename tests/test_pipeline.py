@@ -18,21 +18,7 @@ from keras_transformer.tokenizers import END_ID
 from keras_transformer.tokenizers import PAD_ID
 from keras_transformer.tokenizers import START_ID
 from keras_transformer.tokenizers import train_subword_tokenizer
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def multi30k_dir():
-    path = os.environ.get("MULTI30K_DIR") or os.path.join(
-        REPO_ROOT, "..", "shared", "data", "multi30k"
-    )
-    if not os.path.exists(os.path.join(path, "train.en.gz")):
-        message = f"Multi30k not found at {path!r}; set MULTI30K_DIR."
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
+from conftest import multi30k_dir
 
 @pytest.fixture(scope="module")
 def corpus():

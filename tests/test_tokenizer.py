@@ -19,8 +19,8 @@ from keras_transformer.tokenizers import START_ID
 from keras_transformer.tokenizers import UNK_ID
 from keras_transformer.tokenizers import SubwordTokenizer
 from keras_transformer.tokenizers import train_subword_tokenizer
+from conftest import multi30k_dir
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Extra training text: mixed case, and the characters of the special pieces
 # so that a user typing "</s>" round-trips as literal text.
@@ -31,18 +31,6 @@ EXTRA = [
     "a < b and c > d, x/y or s/t.",
     "Read <these> and </those> and <pad> and <s>.",
 ] * 20
-
-
-def multi30k_dir():
-    path = os.environ.get("MULTI30K_DIR") or os.path.join(
-        REPO_ROOT, "..", "shared", "data", "multi30k"
-    )
-    if not os.path.exists(os.path.join(path, "train.de.gz")):
-        message = f"Multi30k not found at {path!r}; set MULTI30K_DIR."
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")
