@@ -61,7 +61,9 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines() == lines
 
 
-def test_missing_run_folder_is_a_clear_error(tmp_path):
-    with pytest.raises((FileNotFoundError, SystemExit)) as info:
+def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
         main(["translate", "--run", str(tmp_path / "nope"), "A dog."])
-    assert "nope" in str(info.value) or info.type is SystemExit
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "nope" in err and "not a training run folder" in err

@@ -111,7 +111,7 @@ def test_c12_keras_save_reload_new_shapes(tmp_path):
     new = inputs(rng.integers(4, 30, (3, 7)), rng.integers(4, 40, (3, 6)))
     np.testing.assert_allclose(to_numpy(restored(new)), to_numpy(model(new)), atol=1e-5)
     # The optimizer and its schedule come back too.
-    assert isinstance(restored.optimizer.learning_rate, (float, object))
+    assert "WarmupSchedule" in str(restored.optimizer.get_config()["learning_rate"])
     assert type(restored.loss).__name__ == "MaskedSparseCategoricalCrossentropy"
 
 

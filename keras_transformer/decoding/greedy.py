@@ -60,7 +60,9 @@ def greedy_search(
     finished = ops.zeros((batch,), "bool")
     scores = ops.zeros((batch,), "float32")
     source_length = ops.shape(source_ids)[1]
-    attention = ops.zeros((batch, length, parts.num_heads, source_length), "float32")
+    # Carried through the loop only when asked for; a placeholder otherwise.
+    attention_shape = (batch, length, parts.num_heads, source_length) if return_attention else (0,)
+    attention = ops.zeros(attention_shape, "float32")
 
     def cond(t, last, tokens, finished, scores, attention, *caches):
         return ops.logical_and(t < length, ops.logical_not(ops.all(finished)))
