@@ -8,6 +8,28 @@ from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.model_parts import TransformerParts
 
 
+# The string signatures take a string or a batch of strings. The rank is left
+# open on purpose: with a fixed `[None]`, graph optimisations trust that rank,
+# and a scalar sent by a client would crash deep in the graph instead of
+# being translated (C17).
+TEXT_SPEC = tf.TensorSpec(None, tf.string, name="text")
+
+
+def as_batch(text):
+    """A `tf.string` tensor of rank 0 or 1 as a `(batch,)` vector.
+
+    Raises:
+        tf.errors.InvalidArgumentError: (in the graph) for rank 2 or more.
+    """
+    check = tf.debugging.assert_less_equal(
+        tf.rank(text),
+        1,
+        message="`text` must be a string or a 1-D batch of strings; flatten it first",
+    )
+    with tf.control_dependencies([check]):
+        return tf.reshape(text, [-1])
+
+
 class Translator(tf.Module):
     """Translate strings with a trained Transformer, in one TensorFlow graph.
 
@@ -184,10 +206,15 @@ class Translator(tf.Module):
         scores = tf.where(blank, tf.zeros_like(scores), scores)
         return texts, scores
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[TEXT_SPEC])
     def serve(self, text):
-        """The serving signature: `text` (batch,) -> translation, score."""
-        translations, scores = self.translate_batch(text)
+        """The serving signature: `text` (batch,) -> translation, score.
+
+        `text` may also be a scalar string (a batch of one; the outputs are
+        then of shape (1,)); a higher rank is an `InvalidArgumentError` that
+        says so, raised before any other op runs.
+        """
+        translations, scores = self.translate_batch(as_batch(text))
         return {"translation": translations[:, 0], "score": scores[:, 0]}
 
     def translate_lines(self, lines, batch_size=64, progress=False):
@@ -196,11 +223,12 @@ class Translator(tf.Module):
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[TEXT_SPEC])
     def serve_n_best(self, text):
         """N-best signature: `text` (batch,) -> `translations` (batch, n) and
-        `scores` (batch, n), best first, with n = `beam_size`."""
-        translations, scores = self.translate_batch(text, n_best=self.beam_size)
+        `scores` (batch, n), best first, with n = `beam_size`. A scalar
+        `text` is a batch of one, as in `serve`."""
+        translations, scores = self.translate_batch(as_batch(text), n_best=self.beam_size)
         return {"translations": translations, "scores": scores}
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])

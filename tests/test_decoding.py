@@ -100,7 +100,10 @@ class ScriptedParts:
     def empty_self_caches(self, batch, length, dtype):
         return [(ops.zeros((batch, 1)), ops.zeros((batch, 1)))]
 
-    def decode_step(self, token_ids, index, caches, cross, mask):
+    def decoding_weights(self):
+        return None
+
+    def decode_step(self, token_ids, index, caches, cross, mask, weights=None):
         row = ops.take(ops.convert_to_tensor(self.table), index, axis=0)
         logits = ops.tile(ops.expand_dims(row, 0), (ops.shape(token_ids)[0], 1))
         return logits, caches

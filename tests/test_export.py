@@ -129,6 +129,23 @@ def test_c17_scalar_vector_empty_string_and_empty_batch(exported):
     assert translator("A dog.").numpy() == translator(["A dog."]).numpy()[0]
 
 
+def test_c17_saved_signatures_take_a_scalar_and_refuse_a_matrix_clearly(exported):
+    """A client that sends one string rather than a batch gets its
+    translation (a batch of one), from both string signatures; a rank-2
+    tensor gets an error that says what to send, not a crash in the graph."""
+    translators, paths = exported
+    loaded = tf.saved_model.load(paths["beam"])
+    serve = loaded.signatures["serving_default"]
+    want = translators["beam"]("A dog runs.").numpy()
+    out = serve(text=tf.constant("A dog runs."))
+    assert out["translation"].shape == (1,) and out["translation"].numpy()[0] == want
+    assert out["score"].shape == (1,)
+    n_best = loaded.signatures["translate_n_best"](text=tf.constant("A dog runs."))
+    assert n_best["translations"].shape == (1, 3) and n_best["translations"].numpy()[0, 0] == want
+    with pytest.raises(tf.errors.InvalidArgumentError, match="1-D batch of strings"):
+        serve(text=tf.constant([["A dog runs."]]))
+
+
 def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
     """C09: a source longer than max_length is cut to max_length - 1 tokens + end."""
     translators, _ = exported

@@ -214,8 +214,8 @@ def test_decoder_call_cached_equals_call(norm_first):
     source_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
     full = to_numpy(decoder(target, source, encoder_outputs_mask=source_mask))
     cross_k, cross_v = decoder.precompute_cross_attention_cache(source)
-    cache_k = ops.zeros((2, 6, 2, 8))
-    cache_v = ops.zeros((2, 6, 2, 8))
+    cache_k, cache_v = decoder.empty_cache(2, 6)
+    assert tuple(cache_k.shape) == (2, 2, 8, 6) and tuple(cache_v.shape) == (2, 2, 6, 8)
     for t in range(5):
         step, cache_k, cache_v = decoder.call_cached(
             target[:, t : t + 1], cache_k, cache_v, t, cross_k, cross_v, source_mask

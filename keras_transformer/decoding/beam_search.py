@@ -86,6 +86,8 @@ def beam_search(
     ]
     encoder_mask = ops.repeat(encoder_mask, k, axis=0)
     caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
+    weights = parts.decoding_weights()  # once, outside the loop
+    positions = ops.arange(length, dtype="int32")
 
     vocab_ids = ops.arange(vocab, dtype="int32")
     only_pad = ops.where(ops.equal(vocab_ids, pad_id), 0.0, _NEG)  # (V,)
@@ -107,7 +109,7 @@ def beam_search(
 
     def body(t, last, sequences, scores, finished, lengths, *caches):
         logits, new_caches = parts.decode_step(
-            last, t, unflatten_caches(caches), cross, encoder_mask
+            last, t, unflatten_caches(caches), cross, encoder_mask, weights=weights
         )
         log_probs = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, k, vocab))
         at_limit = ops.reshape(ops.greater_equal(t + 1, limits), (batch, 1, 1))
@@ -125,7 +127,10 @@ def beam_search(
         lengths = ops.take_along_axis(new_length, parent, axis=1)
         finished = ops.logical_or(was_finished, ops.equal(token, end_id))
         sequences = ops.take_along_axis(sequences, ops.expand_dims(parent, -1), axis=1)
-        sequences = ops.slice_update(sequences, [0, 0, t], ops.expand_dims(token, -1))
+        # `where` on a position mask: cheaper than `slice_update` on tensorflow.
+        sequences = ops.where(
+            ops.reshape(ops.equal(positions, t), (1, 1, -1)), ops.expand_dims(token, -1), sequences
+        )
         rows = ops.reshape(beam_offsets + parent, (-1,))
         new_caches = [ops.take(cache, rows, axis=0) for cache in flatten_caches(new_caches)]
         return (t + 1, ops.reshape(token, (-1,)), sequences, scores, finished, lengths, *new_caches)

@@ -54,6 +54,8 @@ def greedy_search(
     batch = ops.shape(source_ids)[0]
     limits = decode_limits(encoder_mask, length, length_ratio, length_offset)
     cross = parts.cross_caches(encoder_outputs)
+    weights = parts.decoding_weights()  # once, outside the loop
+    positions = ops.arange(length, dtype="int32")
     caches = flatten_caches(parts.empty_self_caches(batch, length, encoder_outputs.dtype))
     tokens = ops.full((batch, length), pad_id, "int32")
     last = ops.full((batch,), start_id, "int32")
@@ -70,14 +72,16 @@ def greedy_search(
     def body(t, last, tokens, finished, scores, attention, *caches):
         outputs = parts.decode_step(
             last, t, unflatten_caches(caches), cross, encoder_mask,
-            return_attention_scores=return_attention,
+            return_attention_scores=return_attention, weights=weights,
         )
         logits, new_caches = outputs[0], outputs[1]
         if return_attention:
-            weights = ops.where(
+            step_weights = ops.where(
                 ops.reshape(finished, (-1, 1, 1)), 0.0, ops.cast(outputs[2], "float32")
             )
-            attention = ops.slice_update(attention, [0, t, 0, 0], ops.expand_dims(weights, 1))
+            attention = ops.where(
+                ops.reshape(ops.equal(positions, t), (1, -1, 1, 1)), ops.expand_dims(step_weights, 1), attention
+            )
         log_probs = ops.log_softmax(logits, axis=-1)
         at_limit = ops.greater_equal(t + 1, limits)
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
@@ -85,7 +89,9 @@ def greedy_search(
         best = ops.where(finished, pad_id, best)
         gained = ops.take_along_axis(log_probs, best[:, None], axis=-1)[:, 0]
         scores = scores + ops.where(finished, 0.0, gained)
-        tokens = ops.slice_update(tokens, [0, t], best[:, None])
+        # `where` on a position mask rather than `slice_update`: on tensorflow
+        # the latter is an XLA op launched per call, the costliest op here.
+        tokens = ops.where(ops.equal(positions, t)[None, :], best[:, None], tokens)
         finished = ops.logical_or(finished, ops.equal(best, end_id))
         return (t + 1, best, tokens, finished, scores, attention, *flatten_caches(new_caches))
 

@@ -66,16 +66,32 @@ class TransformerParts:
         return x, mask
 
     def cross_caches(self, encoder_outputs):
-        """Per decoder layer `(key, value)`, each `(batch, S, heads, key_dim)`."""
+        """Per decoder layer `(key (batch, heads, key_dim, S), value (batch,
+        heads, S, key_dim))`."""
         return [layer.precompute_cross_attention_cache(encoder_outputs) for layer in self.decoder_layers]
 
     def empty_self_caches(self, batch_size, length, dtype):
-        """Per decoder layer zero `(key, value)` caches `(batch, length, heads, key_dim)`."""
-        shape = (batch_size, length, self.num_heads, self.key_dim)
-        return [(ops.zeros(shape, dtype), ops.zeros(shape, dtype)) for _ in self.decoder_layers]
+        """Per decoder layer zero `(key (batch, heads, key_dim, length), value
+        (batch, heads, length, key_dim))` caches."""
+        return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
+
+    def decoding_weights(self):
+        """Per decoder layer `decoding_weights()`, plus the output projection.
+
+        Build them once, before the decoding loop, and pass them to every
+        `decode_step`.
+        """
+        dtype = self.logits_layer.compute_dtype
+        return {
+            "layers": [layer.decoding_weights() for layer in self.decoder_layers],
+            "logits": (
+                ops.cast(self.logits_layer.kernel, dtype),
+                ops.cast(self.logits_layer.bias, dtype) if self.logits_layer.use_bias else None,
+            ),
+        }
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_mask,
-                    return_attention_scores=False):
+                    return_attention_scores=False, weights=None):
         """One decoder position with the cache.
 
         Args:
@@ -84,30 +100,36 @@ class TransformerParts:
             self_caches: list of `(key, value)` from `empty_self_caches`.
             cross_caches: list of `(key, value)` from `cross_caches`.
             encoder_mask: bool `(batch, S)`.
+            weights: `decoding_weights()`; computed here if omitted.
 
         Returns:
             `(logits (batch, vocab) float32, new self_caches)`, plus the last
             layer's cross-attention weights `(batch, heads, S)` if asked.
         """
+        weights = weights or self.decoding_weights()
         x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index)
         new_caches = []
-        weights = None
-        for layer, (key, value), (cross_key, cross_value) in zip(
-            self.decoder_layers, self_caches, cross_caches
+        attention = None
+        for layer, layer_weights, (key, value), (cross_key, cross_value) in zip(
+            self.decoder_layers, weights["layers"], self_caches, cross_caches
         ):
             outputs = layer.call_cached(
                 x, key, value, index, cross_key, cross_value, encoder_mask,
                 return_attention_scores=return_attention_scores,
+                weights=layer_weights,
             )
             x, key, value = outputs[:3]
             if return_attention_scores:
-                weights = outputs[3][:, :, 0, :]
+                attention = outputs[3]
             new_caches.append((key, value))
+        x = x[:, 0, :]
         if self.decoder_final_norm is not None:
             x = self.decoder_final_norm(x)
-        logits = self.logits_layer(x)[:, 0, :]
+        kernel, bias = weights["logits"]
+        logits = ops.matmul(x, kernel)
+        logits = ops.cast(logits if bias is None else logits + bias, "float32")
         if return_attention_scores:
-            return logits, new_caches, weights
+            return logits, new_caches, attention
         return logits, new_caches
 
     def decode_uncached(self, source_ids, target_ids):

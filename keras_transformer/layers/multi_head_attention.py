@@ -79,6 +79,56 @@ def scaled_dot_product_attention(
     return output, weights
 
 
+def attention_bias(mask):
+    """Additive float32 bias from a bool mask: 0 where allowed, -1e9 elsewhere.
+
+    Args:
+        mask: bool tensor, `True` where attention is allowed.
+
+    Returns:
+        float32 tensor of the mask's shape.
+    """
+    return ops.where(ops.cast(mask, "bool"), 0.0, _MASK_VALUE)
+
+
+def single_query_attention(query, key, value, bias, keep=None):
+    """Attention of one query per row over cached keys (incremental decoding).
+
+    The same function as `scaled_dot_product_attention` for a query length of
+    1, laid out for decoding one token at a time: no transposes, plain batched
+    matrix products, and a float32 softmax written out in elementwise ops
+    (cheap on every backend for these small shapes). The query must already
+    carry the `1 / sqrt(d_k)` factor (see
+    `MultiHeadAttention.fused_projection_weights`).
+
+    Args:
+        query: `(batch, num_heads, key_dim)`, scaled.
+        key: `(batch, num_heads, key_dim, key_length)` (keys transposed).
+        value: `(batch, num_heads, key_length, value_dim)`.
+        bias: float32, broadcastable to `(batch, num_heads, key_length)`:
+            0 where allowed, -1e9 where blocked (`attention_bias`).
+        keep: optional float32 `(batch, 1, 1)`, 0 for rows whose keys are all
+            blocked: their weights become exactly zero, as in
+            `masked_softmax`.
+
+    Returns:
+        `(output (batch, num_heads, value_dim), weights (batch, num_heads,
+        key_length) float32)`.
+
+    References:
+        Vaswani et al. (2017), section 3.2.1, equation (1).
+    """
+    scores = ops.matmul(ops.expand_dims(query, 2), key)[:, :, 0, :]
+    scores = ops.cast(scores, "float32") + bias
+    scores = scores - ops.max(scores, axis=-1, keepdims=True)
+    weights = ops.exp(scores)
+    weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+    if keep is not None:
+        weights = weights * keep
+    attended = ops.cast(ops.expand_dims(weights, 2), value.dtype)
+    return ops.matmul(attended, value)[:, :, 0, :], weights
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with padding and causal masks (section 3.2.2).
@@ -232,6 +282,47 @@ class MultiHeadAttention(keras.layers.Layer):
         """Keys and values `(batch, length, num_heads, key_dim|value_dim)`."""
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
+
+    def fused_projection_weights(self, include_key_value=True):
+        """The projections as 2-D matrices, for one matmul per position.
+
+        The query part carries the `1 / sqrt(key_dim)` factor of equation
+        (1). With `include_key_value`, the query, key and value kernels are
+        concatenated along the output axis (one matmul gives Q, K and V of a
+        self-attention), in the compute dtype.
+
+        Returns:
+            dict with `"kernel"` `(d_model, h * key_dim [+ h * key_dim +
+            h * value_dim])`, `"bias"` (or None), `"output_kernel"`
+            `(h * value_dim, output_dim)` and `"output_bias"` (or None).
+        """
+        dtype = self.compute_dtype
+        scale = 1.0 / math.sqrt(self.key_dim)
+        denses = [self.query_dense]
+        if include_key_value:
+            denses += [self.key_dense, self.value_dense]
+        scales = [scale] + [1.0] * (len(denses) - 1)
+
+        def flat(tensor, factor):
+            tensor = ops.cast(tensor, dtype)
+            tensor = ops.reshape(tensor, (tensor.shape[0], -1) if len(tensor.shape) == 3 else (-1,))
+            return tensor * ops.cast(factor, dtype) if factor != 1.0 else tensor
+
+        kernels = [flat(d.kernel, f) for d, f in zip(denses, scales)]
+        weights = {
+            "kernel": kernels[0] if len(kernels) == 1 else ops.concatenate(kernels, axis=1),
+            "bias": None,
+            "output_kernel": ops.reshape(
+                ops.cast(self.output_dense.kernel, dtype),
+                (self.num_heads * self.value_dim, -1),
+            ),
+            "output_bias": None,
+        }
+        if self.use_bias:
+            biases = [flat(d.bias, f) for d, f in zip(denses, scales)]
+            weights["bias"] = biases[0] if len(biases) == 1 else ops.concatenate(biases, axis=0)
+            weights["output_bias"] = ops.cast(self.output_dense.bias, dtype)
+        return weights
 
     def attend(self, query, key, value, mask=None, training=None):
         """Attention over projected heads, then the output projection.

@@ -8,6 +8,8 @@ from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.multi_head_attention import attention_bias
+from keras_transformer.layers.multi_head_attention import single_query_attention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
@@ -203,6 +205,25 @@ class TransformerDecoder(TransformerBlock):
         return x
 
     # -- incremental decoding ------------------------------------------------
+    # One new target position per call, against a fixed-size key/value
+    # cache. The caches keep keys transposed, `(batch, heads, key_dim,
+    # length)`, and values as `(batch, heads, length, value_dim)`, so each
+    # attention is two plain batched matmuls with no transposes in the loop.
+
+    def empty_cache(self, batch_size, length, dtype=None):
+        """Zero self-attention caches for `length` positions.
+
+        Returns:
+            `(key (batch, heads, key_dim, length), value (batch, heads,
+            length, key_dim))` in `dtype` (default: the compute dtype).
+        """
+        dtype = dtype or self.compute_dtype
+        heads, key_dim = self.num_heads, self.key_dim
+        return (
+            ops.zeros((batch_size, heads, key_dim, length), dtype),
+            ops.zeros((batch_size, heads, length, key_dim), dtype),
+        )
+
     def precompute_cross_attention_cache(self, encoder_outputs):
         """Keys and values of the cross-attention, computed once per source.
 
@@ -210,9 +231,24 @@ class TransformerDecoder(TransformerBlock):
             encoder_outputs: float `(batch, source_length, d_model)`.
 
         Returns:
-            `(key, value)`, each `(batch, source_length, num_heads, key_dim)`.
+            `(key (batch, heads, key_dim, source_length), value (batch,
+            heads, source_length, key_dim))`.
         """
-        return self.cross_attention.project_key_value(encoder_outputs)
+        key, value = self.cross_attention.project_key_value(encoder_outputs)
+        return ops.transpose(key, (0, 2, 3, 1)), ops.transpose(value, (0, 2, 1, 3))
+
+    def decoding_weights(self):
+        """The projection matrices `call_cached` uses, built once per search.
+
+        Self-attention Q, K and V as one fused matrix, cross-attention Q,
+        the query parts pre-scaled by `1 / sqrt(key_dim)` (see
+        `MultiHeadAttention.fused_projection_weights`). Compute them outside
+        the decoding loop and pass them to every `call_cached`.
+        """
+        return {
+            "self": self.self_attention.fused_projection_weights(),
+            "cross": self.cross_attention.fused_projection_weights(include_key_value=False),
+        }
 
     def call_cached(
         self,
@@ -224,6 +260,7 @@ class TransformerDecoder(TransformerBlock):
         cross_value,
         encoder_mask=None,
         return_attention_scores=False,
+        weights=None,
     ):
         """Run one new target position against a key/value cache.
 
@@ -231,60 +268,89 @@ class TransformerDecoder(TransformerBlock):
         self-attention cache at `index`; the query attends to cache slots
         `0..index` only. Cross-attention uses keys and values from
         `precompute_cross_attention_cache`. No dropout (inference only).
+        Gives the values of `call` on the whole prefix at position `index`.
 
         Args:
             inputs: float `(batch, 1, d_model)`, the embedded new token.
-            self_key_cache: `(batch, max_length, num_heads, key_dim)`.
-            self_value_cache: `(batch, max_length, num_heads, key_dim)`.
+            self_key_cache: `(batch, num_heads, key_dim, max_length)`.
+            self_value_cache: `(batch, num_heads, max_length, key_dim)`.
             index: scalar int, the position of the new token.
-            cross_key: `(batch, source_length, num_heads, key_dim)`.
-            cross_value: `(batch, source_length, num_heads, key_dim)`.
+            cross_key: `(batch, num_heads, key_dim, source_length)`.
+            cross_value: `(batch, num_heads, source_length, key_dim)`.
             encoder_mask: optional bool `(batch, source_length)`.
             return_attention_scores: bool, also return the cross-attention
-                weights `(batch, num_heads, 1, source_length)`.
+                weights `(batch, num_heads, source_length)` float32.
+            weights: the result of `decoding_weights()`; computed here if
+                omitted (pass it in a loop to keep the work out of it).
 
         Returns:
             `(outputs (batch, 1, d_model), self_key_cache, self_value_cache)`,
             plus the cross-attention weights if asked for.
         """
-        cache_length = ops.shape(self_key_cache)[1]
-        self_mask = causal_mask(1, cache_length, offset=index)
-        cross_mask = key_padding_to_attention_mask(encoder_mask)
-        start = [0, index, 0, 0]
+        weights = weights or self.decoding_weights()
+        heads, key_dim = self.num_heads, self.key_dim
+        batch = ops.shape(inputs)[0]
+        cache_length = ops.shape(self_key_cache)[-1]
+        positions = ops.arange(cache_length, dtype="int32")
+        self_bias = attention_bias(ops.less_equal(positions, index))  # (length,)
+        slot = ops.equal(positions, index)
+        if encoder_mask is None:
+            cross_bias, keep = 0.0, None
+        else:
+            cross_bias = ops.expand_dims(attention_bias(encoder_mask), 1)
+            keep = ops.cast(ops.any(encoder_mask, axis=-1), "float32")[:, None, None]
         caches = {}
+        extras = {}
+
+        def project(x, w):
+            x = ops.matmul(x, w["kernel"])
+            return x if w["bias"] is None else x + w["bias"]
+
+        def output(x, w):
+            x = ops.matmul(ops.reshape(x, (batch, -1)), w["output_kernel"])
+            return x if w["output_bias"] is None else x + w["output_bias"]
 
         def self_attend(x):
-            query = self.self_attention.project_query(x)
-            key, value = self.self_attention.project_key_value(x)
-            caches["key"] = ops.slice_update(
-                self_key_cache, start, ops.cast(key, self_key_cache.dtype)
+            query, key, value = ops.split(project(x, weights["self"]), 3, axis=-1)
+            caches["key"] = ops.where(
+                ops.reshape(slot, (1, 1, 1, -1)),
+                ops.cast(ops.reshape(key, (batch, heads, key_dim, 1)), self_key_cache.dtype),
+                self_key_cache,
             )
-            caches["value"] = ops.slice_update(
-                self_value_cache, start, ops.cast(value, self_value_cache.dtype)
+            caches["value"] = ops.where(
+                ops.reshape(slot, (1, 1, -1, 1)),
+                ops.cast(ops.reshape(value, (batch, heads, 1, key_dim)), self_value_cache.dtype),
+                self_value_cache,
             )
-            return self.self_attention.attend(
-                query, caches["key"], caches["value"], mask=self_mask
+            attended, _ = single_query_attention(
+                ops.reshape(query, (batch, heads, key_dim)),
+                caches["key"],
+                caches["value"],
+                self_bias,
             )
+            return output(attended, weights["self"])
 
         def cross_attend(x):
-            query = self.cross_attention.project_query(x)
-            return self.cross_attention.attend(
-                query, cross_key, cross_value, mask=cross_mask
+            query = ops.reshape(project(x, weights["cross"]), (batch, heads, key_dim))
+            attended, extras["weights"] = single_query_attention(
+                query, cross_key, cross_value, cross_bias, keep
             )
+            return output(attended, weights["cross"])
 
-        weights = {}
+        no_dropout = lambda x, training=None: x  # noqa: E731
+        x = ops.reshape(inputs, (batch, -1))
         x, _ = residual(
-            inputs,
-            self_attend,
-            self.self_attention_layer_norm,
-            self.self_attention_dropout,
-            self.norm_first,
-            False,
+            x, self_attend, self.self_attention_layer_norm, no_dropout, self.norm_first
         )
-        x = self._cross_and_feedforward(x, cross_attend, False, weights)
-        outputs = (x, caches["key"], caches["value"])
+        x, _ = residual(
+            x, cross_attend, self.cross_attention_layer_norm, no_dropout, self.norm_first
+        )
+        x, _ = residual(
+            x, self.feedforward, self.feedforward_layer_norm, no_dropout, self.norm_first
+        )
+        outputs = (ops.expand_dims(x, 1), caches["key"], caches["value"])
         if return_attention_scores:
-            outputs += (weights["cross_attention"],)
+            outputs += (extras["weights"],)
         return outputs
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
