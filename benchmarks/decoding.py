@@ -8,7 +8,8 @@ layers; the end token's logit is pushed down so every output is exactly 40
 tokens) and on the same random sources of 20 tokens, in one process:
 
 - `cached`: this library's beam / greedy search with the key/value cache,
-  as a user calls it in process (`Translator.translate_ids`);
+  in process, through the very function that is exported
+  (`Translator.serve_ids`);
   `cached_xla`: the same compiled with XLA (`Translator(jit_compile=True)`);
 - `saved_model` / `saved_model_xla`: the same searches through exported
   SavedModels (`translate_ids` signature), loaded with `tf.saved_model.load`;
@@ -22,6 +23,8 @@ Reported: latency in ms per sentence at batch 1, throughput in sentences/s at
 batch 32, and the ratios between contenders (each SavedModel against the
 in-process search it was exported from). Timing is the median of
 repeated calls after a warm-up call (tracing and compilation excluded).
+Every function is traced for inputs of any batch and length
+(`[None, None]`), as a server runs it.
 """
 
 import argparse
@@ -46,6 +49,8 @@ from keras_transformer.tokenizers import END_ID, START_ID, train_subword_tokeniz
 
 OUTPUT_TOKENS = 40
 SOURCE_TOKENS = 20
+# Every contender is traced for any batch and length, as a server sees them.
+IDS = [tf.TensorSpec([None, None], tf.int32)]
 
 
 class UncachedParts(TransformerParts):
@@ -82,7 +87,7 @@ def keras_hub_decoder(model, beam_size):
 
     sampler = keras_hub.samplers.BeamSampler(num_beams=beam_size) if beam_size > 1 else keras_hub.samplers.GreedySampler()
 
-    @tf.function
+    @tf.function(input_signature=IDS)
     def decode(source_ids):
         batch = tf.shape(source_ids)[0]
 
@@ -143,16 +148,16 @@ def main():
     for beam in (4, 1):
         def search(p, beam=beam):
             if beam == 1:
-                return tf.function(lambda s: greedy_search(p, s, start_id=START_ID, end_id=END_ID, max_length=OUTPUT_TOKENS)[0])
-            return tf.function(lambda s: beam_search(p, s, start_id=START_ID, end_id=END_ID, beam_size=beam, max_length=OUTPUT_TOKENS)[0])
+                return tf.function(lambda s: greedy_search(p, s, start_id=START_ID, end_id=END_ID, max_length=OUTPUT_TOKENS)[0], input_signature=IDS)
+            return tf.function(lambda s: beam_search(p, s, start_id=START_ID, end_id=END_ID, beam_size=beam, max_length=OUTPUT_TOKENS)[0], input_signature=IDS)
 
         group = {}
         for suffix, jit in (("", False), ("_xla", True)):
             translator = Translator(model, src_tok, tgt_tok, beam_size=beam, max_length=OUTPUT_TOKENS, jit_compile=jit)
             path = export_translator(translator, os.path.join(export_dir, f"beam{beam}{suffix}"))
             saved = tf.saved_model.load(path).signatures["translate_ids"]
-            # In process: the Translator's own token-id search, as a user calls it.
-            group["cached" + suffix] = tf.function(lambda s, t=translator: t.translate_ids(s)[0][:, 0])
+            # In process: the very function that is exported (same signature).
+            group["cached" + suffix] = lambda s, t=translator: t.serve_ids(s)["target_ids"]
             group["saved_model" + suffix] = lambda s, saved=saved: saved(source_ids=s)["target_ids"]
         group["uncached"] = search(uncached)
         group["keras_hub"] = keras_hub_decoder(model, beam)

@@ -30,8 +30,12 @@ embedding lookups are not counted.
 """
 
 import argparse
+import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -47,10 +51,10 @@ from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
 VOCAB, D_MODEL, HEADS, DFF, LAYERS, MAX_LEN, BATCH = 8000, 256, 4, 1024, 3, 40, 64
 
 
-def build_ours():
-    model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN)
+def build_ours(jit_compile="auto", dtype=None):
+    model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN, dtype=dtype)
     model.compile(keras.optimizers.Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
-                  metrics=[MaskedAccuracy()])
+                  metrics=[MaskedAccuracy()], jit_compile=jit_compile)
     return model
 
 
@@ -219,15 +223,76 @@ def report(title, rows):
             print(f"ours / {name}: x{rows['ours']['tokens_per_s'] / rows[name]['tokens_per_s']:.2f} tokens/s")
 
 
+BUILDERS = {"ours": build_ours, "keras_hub": build_keras_hub, "tutorial": build_tutorial}
+
+
+def worker(args):
+    """One contender alone in this process: speed and peak memory (JSON line)."""
+    keras.utils.set_random_seed(0)
+    if args.name == "ours":
+        jit = {"on": True, "off": False}.get(args.jit, "auto")
+        model = build_ours(jit_compile=jit, dtype=args.dtype)
+    else:
+        model = BUILDERS[args.name]()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    batches = random_batches(args.steps + args.warmup, np.random.default_rng(0))
+    rows = run({args.name: model}, lambda name: batches, args.steps, args.warmup, 1.0)
+    row = rows[args.name]
+    row["flops_per_s"] = row.pop("peak_share")
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["rss_before_training_mb"] = before / 1024
+    print("RESULT " + json.dumps(row), flush=True)
+
+
+# (label, backend, contender, jit, dtype) run each in a process of its own.
+ALONE = [
+    ("ours tensorflow", "tensorflow", "ours", "off", None),
+    ("ours tensorflow+XLA", "tensorflow", "ours", "on", None),
+    ("ours tensorflow bf16", "tensorflow", "ours", "off", "mixed_bfloat16"),
+    ("ours jax (XLA)", "jax", "ours", "auto", None),
+    ("ours torch", "torch", "ours", "off", None),
+    ("keras_hub tensorflow", "tensorflow", "keras_hub", "auto", None),
+    ("tutorial tensorflow", "tensorflow", "tutorial", "auto", None),
+]
+
+
+def alone(steps, warmup, peak):
+    print(f"\n== each alone in its own process (identical random batches; {steps} timed steps)")
+    print(f"{'run':24} {'tokens/s':>9} {'step ms':>8} {'% peak':>7} {'peak RSS MB':>12}")
+    for label, backend, name, jit, dtype in ALONE:
+        command = [sys.executable, __file__, "--worker", name, "--jit", jit,
+                   "--steps", str(steps), "--warmup", str(warmup)]
+        if dtype:
+            command += ["--dtype", dtype]
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(f"{label:24} failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(lines[-1][len("RESULT "):])
+        print(f"{label:24} {r['tokens_per_s']:9.0f} {r['step_ms']:8.0f} "
+              f"{100 * r['flops_per_s'] / peak:6.1f}% {r['peak_rss_mb']:12.0f}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--jit", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps, warmup = (3, 1) if args.quick else (15, 3)
+    if args.worker:
+        args.name = args.worker
+        args.steps, args.warmup = args.steps or steps, args.warmup or warmup
+        return worker(args)
     keras.utils.set_random_seed(0)
     peak = matmul_peak(1.0 if args.quick else 3.0)
     print(f"backend {keras.backend.backend()}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
-    models = {"ours": build_ours(), "keras_hub": build_keras_hub(), "tutorial": build_tutorial()}
+    models = {name: build() for name, build in BUILDERS.items()}
     batches = random_batches(steps + warmup, np.random.default_rng(0))
     report("identical random batches", run(models, lambda name: batches, steps, warmup, peak))
     directory = os.environ.get("MULTI30K_DIR", "../shared/data/multi30k")
@@ -237,6 +302,7 @@ def main():
         report("Multi30k batches, each contender's own pipeline", rows)
     else:
         print(f"\n(no Multi30k at {directory}: real-batch workload skipped)")
+    alone(steps, warmup, peak)
 
 
 if __name__ == "__main__":
