@@ -324,6 +324,40 @@ class MultiHeadAttention(keras.layers.Layer):
             weights["output_bias"] = ops.cast(self.output_dense.bias, dtype)
         return weights
 
+    def project_self_attention(self, inputs):
+        """Q, K and V of a self-attention with one fused matmul.
+
+        The three kernels are concatenated along the output axis (the
+        variables stay separate, in `keras.layers.MultiHeadAttention`'s
+        layout), so one `(d_model, 3 * h * d_k)` product replaces three.
+
+        Args:
+            inputs: `(batch, length, d_model)`.
+
+        Returns:
+            `(query, key, value)`, each `(batch, length, num_heads, key_dim
+            | value_dim)`; the query is not yet scaled.
+        """
+        denses = (self.query_dense, self.key_dense, self.value_dense)
+        dtype = self.compute_dtype
+        kernel = ops.concatenate(
+            [ops.reshape(ops.cast(d.kernel, dtype), (d.kernel.shape[0], -1)) for d in denses],
+            axis=1,
+        )
+        fused = ops.matmul(inputs, kernel)
+        if self.use_bias:
+            fused = fused + ops.concatenate(
+                [ops.reshape(ops.cast(d.bias, dtype), (-1,)) for d in denses], axis=0
+            )
+        sizes = [self.num_heads * self.key_dim] * 2
+        query, key, value = ops.split(fused, [sizes[0], sizes[0] + sizes[1]], axis=-1)
+        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        return (
+            ops.reshape(query, (batch, length, self.num_heads, self.key_dim)),
+            ops.reshape(key, (batch, length, self.num_heads, self.key_dim)),
+            ops.reshape(value, (batch, length, self.num_heads, self.value_dim)),
+        )
+
     def attend(self, query, key, value, mask=None, training=None):
         """Attention over projected heads, then the output projection.
 
@@ -368,8 +402,11 @@ class MultiHeadAttention(keras.layers.Layer):
             if use_causal_mask
             else None,
         )
-        q = self.project_query(query)
-        k, v = self.project_key_value(value, key)
+        if key is None and value is query:
+            q, k, v = self.project_self_attention(query)
+        else:
+            q = self.project_query(query)
+            k, v = self.project_key_value(value, key)
         output, weights = self.attend(q, k, v, mask=mask, training=training)
         if return_attention_scores:
             return output, weights
