@@ -29,6 +29,9 @@ def _add_training_args(parser):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
     parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
+    parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
+                        help="data-parallel training over all local devices, or over several "
+                             "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")
 
 
 def _decoding_args(parser):

@@ -28,6 +28,8 @@ from keras_transformer.models.transformer import build_transformer
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import train_subword_tokenizer
+from keras_transformer.distribution import data_parallel_scope
+from keras_transformer.distribution import num_replicas
 
 
 @dataclasses.dataclass
@@ -51,6 +53,10 @@ class TrainingConfig:
         label_smoothing: epsilon of section 5.4 (0.1 in the paper).
         seed: random seed.
         jit_compile: XLA for the train step (`"auto"` lets Keras choose).
+        distribution: None (one device), `"data_parallel"` (all local
+            devices) or `"multi_worker"` (several hosts); see
+            `keras_transformer.distribution`. The global batch is what
+            `tokens_per_batch` / `batch_size` say.
         max_train_pairs: use only the first N pairs (smoke runs).
     """
 
@@ -77,6 +83,7 @@ class TrainingConfig:
     label_smoothing: float = 0.1
     seed: int = 0
     jit_compile: object = False
+    distribution: str = None
     max_train_pairs: int = None
 
     def model_config(self):
@@ -201,6 +208,10 @@ def train(config, verbose=1):
             indent=2,
         )
 
+    replicas = num_replicas(config.distribution)
+    # jax shards each batch evenly over the devices; tensorflow splits any size.
+    batch_multiple = replicas if keras.backend.backend() == "jax" else 1
+
     def dataset(src, tgt, shuffle):
         return make_dataset(
             src, tgt, src_tok, tgt_tok,
@@ -209,11 +220,17 @@ def train(config, verbose=1):
             batch_size=config.batch_size,
             shuffle=shuffle,
             seed=config.seed,
+            batch_multiple=batch_multiple,
         )
 
     train_ds = dataset(src_lines, tgt_lines, True)
     val_ds = dataset(config.val_src, config.val_tgt, False) if config.val_src else None
 
+    with data_parallel_scope(config.distribution):
+        return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose)
+
+
+def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose):
     model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
     schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     model.compile(

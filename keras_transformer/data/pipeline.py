@@ -107,6 +107,7 @@ def make_dataset(
     shuffle_buffer_size=None,
     repeat=False,
     cache=True,
+    batch_multiple=1,
 ):
     """Builds a batched translation dataset for `model.fit`.
 
@@ -156,6 +157,9 @@ def make_dataset(
         repeat: bool. Repeat forever (before batching). Defaults to `False`.
         cache: bool. Cache the tokenized, packed examples in memory.
             Defaults to `True`.
+        batch_multiple: int. Pad every batch with all-padding rows up to a
+            multiple of this (the device count of data-parallel training on
+            jax, which splits batches evenly). Defaults to 1.
 
     Returns:
         `tf.data.Dataset` with element spec
@@ -306,6 +310,19 @@ def make_dataset(
             padding_values=padding_values,
             pad_to_bucket_boundary=pad_to_bucket_boundary,
         )
+
+    if batch_multiple > 1:
+        # Data-parallel training splits each batch evenly over the devices:
+        # fill a batch up with all-padding rows, which the masked loss and
+        # metrics ignore.
+        def pad_rows(encoder_inputs, decoder_inputs, labels):
+            extra = (-tf.shape(encoder_inputs)[0]) % batch_multiple
+            return tuple(
+                tf.pad(t, [[0, extra], [0, 0]], constant_values=value)
+                for t, value in zip((encoder_inputs, decoder_inputs, labels), padding_values)
+            )
+
+        ds = ds.map(pad_rows, num_parallel_calls=tf.data.AUTOTUNE)
 
     def to_model_inputs(encoder_inputs, decoder_inputs, labels):
         inputs = {

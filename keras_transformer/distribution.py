@@ -1,0 +1,122 @@
+"""Data-parallel training on the engines Keras already has.
+
+`data_parallel_scope(strategy)` wraps model building, `compile` and `fit`:
+
+- tensorflow: `tf.distribute.MirroredStrategy` over the local devices, or
+  `tf.distribute.MultiWorkerMirroredStrategy` across hosts (each host reads
+  its role from the `TF_CONFIG` environment variable);
+- jax: `keras.distribution.DataParallel` over every device the jax runtime
+  sees; across hosts, call `keras.distribution.initialize()` first (it reads
+  the coordinator address, process count and process id from the
+  `KERAS_DISTRIBUTION_*` environment variables or its arguments);
+- torch: not supported here; it raises.
+
+The global batch is split along its first axis. On jax the loss is the mean
+over every real target token of the global batch, exactly as on one device.
+On tensorflow, Keras averages the replicas' losses, each the mean over its
+own shard's real tokens; that equals the single-device loss when the shards
+hold equal numbers of real tokens, and is a token-count-weighted variant of
+it otherwise (the usual behaviour of `MirroredStrategy` with a masked mean).
+"""
+
+import contextlib
+
+import keras
+
+STRATEGIES = ("data_parallel", "multi_worker")
+
+
+def num_replicas(strategy):
+    """How many devices share each global batch under `strategy`.
+
+    Args:
+        strategy: None, `"data_parallel"` or `"multi_worker"`.
+
+    Returns:
+        int, 1 for None.
+    """
+    if strategy is None:
+        return 1
+    _check(strategy)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.device_count()
+    if backend == "tensorflow":
+        return _tf_strategy(strategy).num_replicas_in_sync
+    raise ValueError(_TORCH_MESSAGE)
+
+
+_TORCH_MESSAGE = (
+    "Data-parallel training runs on the tensorflow backend (MirroredStrategy) or "
+    "the jax backend (keras.distribution.DataParallel); set KERAS_BACKEND to one of "
+    "them, or train without a distribution strategy."
+)
+_TF_STRATEGIES = {}
+
+
+def _check(strategy):
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown distribution strategy {strategy!r}; use one of {STRATEGIES} or None."
+        )
+
+
+def _tf_strategy(strategy):
+    # One strategy object per process: TensorFlow allows a single
+    # MultiWorkerMirroredStrategy, and its collectives are set up once.
+    if strategy not in _TF_STRATEGIES:
+        import tensorflow as tf
+
+        _TF_STRATEGIES[strategy] = (
+            tf.distribute.MirroredStrategy()
+            if strategy == "data_parallel"
+            else tf.distribute.MultiWorkerMirroredStrategy()
+        )
+    return _TF_STRATEGIES[strategy]
+
+
+def data_parallel_scope(strategy):
+    """A context in which to build, compile and fit a data-parallel model.
+
+    Args:
+        strategy: None (a no-op context), `"data_parallel"` (all local
+            devices) or `"multi_worker"` (all devices of all hosts; see the
+            module docstring for how the hosts find each other).
+
+    Returns:
+        A context manager.
+
+    Raises:
+        ValueError: for an unknown strategy or the torch backend.
+
+    Example:
+    >>> with data_parallel_scope("data_parallel"):
+    ...     model = build_transformer(...)
+    ...     model.compile(...)
+    ...     model.fit(dataset)
+    """
+    if strategy is None:
+        return contextlib.nullcontext()
+    _check(strategy)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return _tf_strategy(strategy).scope()
+    if backend == "jax":
+        if strategy == "multi_worker":
+            # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and
+            # _PROCESS_ID; afterwards jax sees the devices of every host.
+            keras.distribution.initialize()
+        return _jax_scope()
+    raise ValueError(_TORCH_MESSAGE)
+
+
+@contextlib.contextmanager
+def _jax_scope():
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
