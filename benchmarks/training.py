@@ -226,6 +226,19 @@ def report(title, rows):
 BUILDERS = {"ours": build_ours, "keras_hub": build_keras_hub, "tutorial": build_tutorial}
 
 
+def peak_rss_mb():
+    """This process's peak resident memory (VmHWM), in MiB.
+
+    Not `getrusage`'s `ru_maxrss`: that survives `exec`, so a worker started
+    from a big parent would report the parent's peak.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def worker(args):
     """One contender alone in this process: speed and peak memory (JSON line)."""
     keras.utils.set_random_seed(0)
@@ -234,13 +247,13 @@ def worker(args):
         model = build_ours(jit_compile=jit, dtype=args.dtype)
     else:
         model = BUILDERS[args.name]()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_mb()
     batches = random_batches(args.steps + args.warmup, np.random.default_rng(0))
     rows = run({args.name: model}, lambda name: batches, args.steps, args.warmup, 1.0)
     row = rows[args.name]
     row["flops_per_s"] = row.pop("peak_share")
-    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row["rss_before_training_mb"] = before / 1024
+    row["peak_rss_mb"] = peak_rss_mb()
+    row["rss_before_training_mb"] = before
     print("RESULT " + json.dumps(row), flush=True)
 
 
