@@ -46,6 +46,11 @@ def _load_saved_model(path):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise SystemExit(
+            f"error: {path} is not a SavedModel folder (no saved_model.pb); pass a folder "
+            "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
+        )
     signature = tf.saved_model.load(path).signatures["serving_default"]
     return lambda batch: signature(text=batch)["translation"]
 
@@ -161,7 +166,8 @@ def cmd_demo(args):
     examples = ["A small dog runs in the park.", "The old woman sees the children.", "Happy girls sing by the river."]
     for text, translation in zip(examples, translator.translate_lines(examples)):
         print(f"      {text}  ->  {translation}")
-    print(f"Done in {time.time() - start:.0f} s.")
+    print(f"Done in {time.time() - start:.0f} s. Try: keras-transformer translate "
+          f"--run {config.output_dir} \"A dog runs.\"  (or --saved-model {path})")
 
 
 def main(argv=None):

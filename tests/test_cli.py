@@ -67,3 +67,10 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "nope" in err and "not a training run folder" in err
+
+
+def test_missing_saved_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["translate", "--saved-model", str(tmp_path / "nope"), "A dog."])
+    message = str(info.value.code)
+    assert "nope" in message and "not a SavedModel folder" in message
