@@ -3,6 +3,7 @@
 from keras import ops
 
 from keras_transformer.layers.masks import padding_mask
+from keras_transformer.layers.transformer_decoder import cached_step_masks
 
 
 class TransformerParts:
@@ -107,6 +108,7 @@ class TransformerParts:
             layer's cross-attention weights `(batch, heads, S)` if asked.
         """
         weights = weights or self.decoding_weights()
+        masks = cached_step_masks(index, ops.shape(self_caches[0][0])[-1], encoder_mask)
         x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index)
         new_caches = []
         attention = None
@@ -116,7 +118,7 @@ class TransformerParts:
             outputs = layer.call_cached(
                 x, key, value, index, cross_key, cross_value, encoder_mask,
                 return_attention_scores=return_attention_scores,
-                weights=layer_weights,
+                weights=layer_weights, masks=masks,
             )
             x, key, value = outputs[:3]
             if return_attention_scores:

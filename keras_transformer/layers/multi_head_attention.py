@@ -283,6 +283,36 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
 
+    def _input_projection(self, include_key_value, scale_query):
+        """Query (and key, value) kernels as one 2-D matrix, plus its bias.
+
+        Returns:
+            `(kernel (d_model, h * key_dim [+ h * key_dim + h * value_dim]),
+            bias or None)` in the compute dtype; with `scale_query`, the
+            query columns carry the `1 / sqrt(key_dim)` of equation (1).
+        """
+        dtype = self.compute_dtype
+        denses = [self.query_dense]
+        if include_key_value:
+            denses += [self.key_dense, self.value_dense]
+        factors = [1.0 / math.sqrt(self.key_dim) if scale_query else 1.0]
+        factors += [1.0] * (len(denses) - 1)
+
+        def flat(tensor, shape, factor):
+            tensor = ops.reshape(ops.cast(tensor, dtype), shape)
+            return tensor * ops.cast(factor, dtype) if factor != 1.0 else tensor
+
+        def joined(tensors, axis):
+            return tensors[0] if len(tensors) == 1 else ops.concatenate(tensors, axis=axis)
+
+        kernel = joined(
+            [flat(d.kernel, (d.kernel.shape[0], -1), f) for d, f in zip(denses, factors)], 1
+        )
+        bias = None
+        if self.use_bias:
+            bias = joined([flat(d.bias, (-1,), f) for d, f in zip(denses, factors)], 0)
+        return kernel, bias
+
     def fused_projection_weights(self, include_key_value=True):
         """The projections as 2-D matrices, for one matmul per position.
 
@@ -297,32 +327,18 @@ class MultiHeadAttention(keras.layers.Layer):
             `(h * value_dim, output_dim)` and `"output_bias"` (or None).
         """
         dtype = self.compute_dtype
-        scale = 1.0 / math.sqrt(self.key_dim)
-        denses = [self.query_dense]
-        if include_key_value:
-            denses += [self.key_dense, self.value_dense]
-        scales = [scale] + [1.0] * (len(denses) - 1)
-
-        def flat(tensor, factor):
-            tensor = ops.cast(tensor, dtype)
-            tensor = ops.reshape(tensor, (tensor.shape[0], -1) if len(tensor.shape) == 3 else (-1,))
-            return tensor * ops.cast(factor, dtype) if factor != 1.0 else tensor
-
-        kernels = [flat(d.kernel, f) for d, f in zip(denses, scales)]
-        weights = {
-            "kernel": kernels[0] if len(kernels) == 1 else ops.concatenate(kernels, axis=1),
-            "bias": None,
+        kernel, bias = self._input_projection(include_key_value, scale_query=True)
+        return {
+            "kernel": kernel,
+            "bias": bias,
             "output_kernel": ops.reshape(
                 ops.cast(self.output_dense.kernel, dtype),
                 (self.num_heads * self.value_dim, -1),
             ),
-            "output_bias": None,
+            "output_bias": (
+                ops.cast(self.output_dense.bias, dtype) if self.use_bias else None
+            ),
         }
-        if self.use_bias:
-            biases = [flat(d.bias, f) for d, f in zip(denses, scales)]
-            weights["bias"] = biases[0] if len(biases) == 1 else ops.concatenate(biases, axis=0)
-            weights["output_bias"] = ops.cast(self.output_dense.bias, dtype)
-        return weights
 
     def project_self_attention(self, inputs):
         """Q, K and V of a self-attention with one fused matmul.
@@ -338,19 +354,12 @@ class MultiHeadAttention(keras.layers.Layer):
             `(query, key, value)`, each `(batch, length, num_heads, key_dim
             | value_dim)`; the query is not yet scaled.
         """
-        denses = (self.query_dense, self.key_dense, self.value_dense)
-        dtype = self.compute_dtype
-        kernel = ops.concatenate(
-            [ops.reshape(ops.cast(d.kernel, dtype), (d.kernel.shape[0], -1)) for d in denses],
-            axis=1,
-        )
+        kernel, bias = self._input_projection(True, scale_query=False)
         fused = ops.matmul(inputs, kernel)
-        if self.use_bias:
-            fused = fused + ops.concatenate(
-                [ops.reshape(ops.cast(d.bias, dtype), (-1,)) for d in denses], axis=0
-            )
-        sizes = [self.num_heads * self.key_dim] * 2
-        query, key, value = ops.split(fused, [sizes[0], sizes[0] + sizes[1]], axis=-1)
+        if bias is not None:
+            fused = fused + bias
+        qk = self.num_heads * self.key_dim
+        query, key, value = ops.split(fused, [qk, 2 * qk], axis=-1)
         batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
         return (
             ops.reshape(query, (batch, length, self.num_heads, self.key_dim)),

@@ -15,6 +15,36 @@ from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
 
 
+def cached_step_masks(index, cache_length, encoder_mask=None):
+    """What every decoder layer's `call_cached` needs at position `index`.
+
+    The same for all layers of a step: build it once per step.
+
+    Args:
+        index: scalar int, position of the new token.
+        cache_length: int, slots in the self-attention cache.
+        encoder_mask: optional bool `(batch, source_length)`.
+
+    Returns:
+        dict: `"slot"` bool `(length,)`, True at `index` (where the new key
+        and value go); `"self_bias"` float32 `(length,)`, 0 for slots
+        `<= index`, -1e9 after (the causal mask); `"cross_bias"` float32
+        `(batch, 1, source_length)` (or 0.0) and `"keep"` float32
+        `(batch, 1, 1)` (or None), 0 for sources with no token at all.
+    """
+    positions = ops.arange(cache_length, dtype="int32")
+    masks = {
+        "slot": ops.equal(positions, index),
+        "self_bias": attention_bias(ops.less_equal(positions, index)),
+        "cross_bias": 0.0,
+        "keep": None,
+    }
+    if encoder_mask is not None:
+        masks["cross_bias"] = ops.expand_dims(attention_bias(encoder_mask), 1)
+        masks["keep"] = ops.cast(ops.any(encoder_mask, axis=-1), "float32")[:, None, None]
+    return masks
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerDecoder(TransformerBlock):
     """Transformer decoder block (section 3.1, figure 1 right).
@@ -261,6 +291,7 @@ class TransformerDecoder(TransformerBlock):
         encoder_mask=None,
         return_attention_scores=False,
         weights=None,
+        masks=None,
     ):
         """Run one new target position against a key/value cache.
 
@@ -282,6 +313,9 @@ class TransformerDecoder(TransformerBlock):
                 weights `(batch, num_heads, source_length)` float32.
             weights: the result of `decoding_weights()`; computed here if
                 omitted (pass it in a loop to keep the work out of it).
+            masks: the result of `cached_step_masks(index, max_length,
+                encoder_mask)`, shared by the layers of a step; computed
+                here if omitted.
 
         Returns:
             `(outputs (batch, 1, d_model), self_key_cache, self_value_cache)`,
@@ -290,17 +324,10 @@ class TransformerDecoder(TransformerBlock):
         weights = weights or self.decoding_weights()
         heads, key_dim = self.num_heads, self.key_dim
         batch = ops.shape(inputs)[0]
-        cache_length = ops.shape(self_key_cache)[-1]
-        positions = ops.arange(cache_length, dtype="int32")
-        self_bias = attention_bias(ops.less_equal(positions, index))  # (length,)
-        slot = ops.equal(positions, index)
-        if encoder_mask is None:
-            cross_bias, keep = 0.0, None
-        else:
-            cross_bias = ops.expand_dims(attention_bias(encoder_mask), 1)
-            keep = ops.cast(ops.any(encoder_mask, axis=-1), "float32")[:, None, None]
+        if masks is None:
+            masks = cached_step_masks(index, ops.shape(self_key_cache)[-1], encoder_mask)
+        slot = masks["slot"]
         caches = {}
-        extras = {}
 
         def project(x, w):
             x = ops.matmul(x, w["kernel"])
@@ -326,31 +353,31 @@ class TransformerDecoder(TransformerBlock):
                 ops.reshape(query, (batch, heads, key_dim)),
                 caches["key"],
                 caches["value"],
-                self_bias,
+                masks["self_bias"],
             )
             return output(attended, weights["self"])
 
         def cross_attend(x):
             query = ops.reshape(project(x, weights["cross"]), (batch, heads, key_dim))
-            attended, extras["weights"] = single_query_attention(
-                query, cross_key, cross_value, cross_bias, keep
+            attended, attention = single_query_attention(
+                query, cross_key, cross_value, masks["cross_bias"], masks["keep"]
             )
-            return output(attended, weights["cross"])
+            return output(attended, weights["cross"]), attention
 
-        no_dropout = lambda x, training=None: x  # noqa: E731
-        x = ops.reshape(inputs, (batch, -1))
+        # One position per row: work on (batch, d_model), no length axis.
         x, _ = residual(
-            x, self_attend, self.self_attention_layer_norm, no_dropout, self.norm_first
+            ops.reshape(inputs, (batch, -1)),
+            self_attend,
+            self.self_attention_layer_norm,
+            self.self_attention_dropout,
+            self.norm_first,
+            False,
         )
-        x, _ = residual(
-            x, cross_attend, self.cross_attention_layer_norm, no_dropout, self.norm_first
-        )
-        x, _ = residual(
-            x, self.feedforward, self.feedforward_layer_norm, no_dropout, self.norm_first
-        )
+        attention = {}
+        x = self._cross_and_feedforward(x, cross_attend, False, attention)
         outputs = (ops.expand_dims(x, 1), caches["key"], caches["value"])
         if return_attention_scores:
-            outputs += (extras["weights"],)
+            outputs += (attention["cross_attention"],)
         return outputs
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
