@@ -38,8 +38,9 @@ def per_token_loss(
     """Per-token smoothed cross-entropy and the real-token mask.
 
     The smoothed target distribution is `(1 - eps) * onehot + eps / V`, so
-    the cross-entropy splits into `(1 - eps) * nll(target) + eps *
-    mean_v(-log p_v)`: no vocabulary-sized one-hot tensor is built. All
+    the cross-entropy against it is `(1 - eps) * nll(target) + eps *
+    mean_v(-log p_v)`. From logits, it is the backend's fused softmax
+    cross-entropy (against the smoothed one-hot target when `eps > 0`). All
     arithmetic is in float32, whatever the dtype of `y_pred`.
 
     Args:
@@ -63,20 +64,32 @@ def per_token_loss(
     safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
 
     if from_logits:
-        log_probs = ops.log_softmax(y_pred, axis=-1)
+        # The backends' fused softmax cross-entropy (TensorFlow's kernel
+        # returns the loss and its gradient in one pass); a gather of the
+        # target log-probability would back-propagate through a scatter over
+        # the whole (batch, T, vocab) tensor, which is slow on CPU.
+        if label_smoothing:
+            eps = float(label_smoothing)
+            vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
+            target = ops.one_hot(safe_ids, vocab, dtype="float32")
+            target = target * (1.0 - eps) + eps / vocab
+            losses = ops.categorical_crossentropy(target, y_pred, from_logits=True)
+        else:
+            losses = ops.sparse_categorical_crossentropy(
+                safe_ids, y_pred, from_logits=True
+            )
     else:
         probs = y_pred / ops.sum(y_pred, axis=-1, keepdims=True)
         epsilon = keras.backend.epsilon()
         log_probs = ops.log(ops.clip(probs, epsilon, 1.0 - epsilon))
-
-    target_log_prob = ops.take_along_axis(
-        log_probs, ops.expand_dims(safe_ids, axis=-1), axis=-1
-    )
-    losses = -ops.squeeze(target_log_prob, axis=-1)
-    if label_smoothing:
-        eps = float(label_smoothing)
-        uniform = -ops.mean(log_probs, axis=-1)
-        losses = (1.0 - eps) * losses + eps * uniform
+        target_log_prob = ops.take_along_axis(
+            log_probs, ops.expand_dims(safe_ids, axis=-1), axis=-1
+        )
+        losses = -ops.squeeze(target_log_prob, axis=-1)
+        if label_smoothing:
+            eps = float(label_smoothing)
+            uniform = -ops.mean(log_probs, axis=-1)
+            losses = (1.0 - eps) * losses + eps * uniform
     losses = ops.where(mask, losses, ops.zeros_like(losses))
     return losses, mask
 
@@ -90,8 +103,7 @@ def masked_loss(
     positions whose label is not `pad_id` and divides by their number, so the
     value does not depend on how much padding a batch carries, and a batch
     made only of padding gives 0 (not NaN). Label smoothing follows the paper
-    (section 5.4, epsilon_ls = 0.1) without a vocabulary-sized one-hot: the
-    target distribution is `(1 - eps) * onehot + eps / vocab`. Computed in
+    (section 5.4, epsilon_ls = 0.1): the target distribution is `(1 - eps) * onehot + eps / vocab`. Computed in
     float32 even for float16/bfloat16 logits.
 
     For `model.compile`, use `MaskedSparseCategoricalCrossentropy`: it
@@ -165,8 +177,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
     `evaluate` report, for each batch, the mean over real target tokens of
     the (smoothed) cross-entropy, exactly `masked_loss`, whatever the
     padding; an all-padding batch gives 0. Label smoothing follows the paper
-    (section 5.4, epsilon_ls = 0.1) with sparse integer targets and no
-    vocabulary-sized one-hot. Computed in float32 even under a
+    (section 5.4, epsilon_ls = 0.1) with sparse integer targets. Computed in float32 even under a
     mixed-precision policy.
 
     The class owns its reduction (it overrides `__call__`): Keras's default

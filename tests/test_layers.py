@@ -306,3 +306,67 @@ def test_too_long_input_in_a_graph_is_a_clear_error():
     assert tuple(embed(tf.ones((1, 4), tf.int32)).shape) == (1, 4, 8)
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=4"):
         embed(tf.ones((1, 5), tf.int32))
+
+
+def test_unpadding_drops_and_restores_padding():
+    """`unpad` keeps the real tokens in row-major order; `pad` puts zeros back."""
+    from keras_transformer.layers.unpadding import Unpadding
+
+    mask = np.array([[True, False, True], [False, False, False], [True, True, False]])
+    x = np.arange(18, dtype="float32").reshape(3, 3, 2)
+    unpadding = Unpadding(mask)
+    packed = to_numpy(unpadding.unpad(x))
+    np.testing.assert_array_equal(packed, x[mask])
+    np.testing.assert_array_equal(to_numpy(unpadding.indices), [0, 2, 6, 7])
+    np.testing.assert_array_equal(to_numpy(unpadding.pad(packed)), np.where(mask[..., None], x, 0.0))
+
+
+def test_blocks_in_training_skip_padding_and_keep_real_outputs():
+    """Training-mode blocks (Unpadding) equal inference-mode ones at real tokens."""
+    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
+
+    rng = np.random.default_rng(7)
+    encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
+    source = rng.normal(size=(3, 6, 16)).astype("float32")
+    target = rng.normal(size=(3, 5, 16)).astype("float32")
+    source_mask = np.array([[1] * 6, [1] * 3 + [0] * 3, [1] + [0] * 5], bool)
+    target_mask = np.array([[1] * 5, [1] * 2 + [0] * 3, [1] * 4 + [0]], bool)
+    outputs = {}
+    for training in (False, True):
+        memory = encoder(source, mask=source_mask, training=training)
+        decoded = decoder(
+            target, memory, inputs_mask=target_mask, encoder_outputs_mask=source_mask, training=training
+        )
+        outputs[training] = (to_numpy(memory), to_numpy(decoded))
+    for (inferred, trained), mask in zip(zip(outputs[False], outputs[True]), (source_mask, target_mask)):
+        np.testing.assert_allclose(trained[mask], inferred[mask], atol=1e-5)
+        if dynamic_shapes_allowed():
+            np.testing.assert_array_equal(trained[~mask], 0.0)
+        else:
+            np.testing.assert_allclose(trained, inferred, atol=1e-5)
+
+
+def test_unpadding_is_off_under_xla():
+    """Under `jit_compile=True` shapes must be static: blocks keep the padding."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("jit_compile on tensorflow only")
+    import tensorflow as tf
+
+    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
+
+    encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
+    x = np.random.default_rng(8).normal(size=(2, 4, 16)).astype("float32")
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    eager = to_numpy(encoder(x, mask=mask, training=True))
+    seen = []
+
+    def step(x, mask):
+        seen.append(dynamic_shapes_allowed())
+        return encoder(x, mask=mask, training=True)
+
+    compiled = to_numpy(tf.function(step, jit_compile=True)(x, mask))
+    assert seen == [False]
+    np.testing.assert_allclose(compiled[mask], eager[mask], atol=1e-5)
+    assert np.abs(compiled[~mask]).max() > 1e-3  # padded positions computed
+    assert np.all(eager[~mask] == 0.0)

@@ -63,30 +63,71 @@ def test_c08_all_padding_row_finite_loss_and_gradients():
     assert np.isfinite(logits).all()
     alone = to_numpy(model(inputs([[5, 6, 7, END]], [[START, 8, 9]])))
     np.testing.assert_allclose(logits[:1], alone, atol=1e-5)
+    loss, grads = loss_and_gradients(model, x, labels, training=True)
+    assert np.isfinite(loss)
+    assert all(np.isfinite(g).all() for g in grads)
+
+
+def loss_and_gradients(model, x, labels, training):
+    """`masked_loss` (label smoothing 0.1) and its gradients, as NumPy."""
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
-            loss = masked_loss(labels, model(x, training=True), label_smoothing=0.1)
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads = [g.numpy() if not isinstance(g, tf.IndexedSlices) else g.values.numpy() for g in grads]
+            loss = masked_loss(labels, model(x, training=training), label_smoothing=0.1)
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
     elif backend == "jax":
         import jax
 
         def loss_fn(trainable):
-            out, _ = model.stateless_call(trainable, [v.value for v in model.non_trainable_variables], x)
+            out, _ = model.stateless_call(
+                trainable, [v.value for v in model.non_trainable_variables], x, training=training
+            )
             return masked_loss(labels, out, label_smoothing=0.1)
 
         loss, grads = jax.value_and_grad(loss_fn)([v.value for v in model.trainable_variables])
         grads = [np.asarray(g) for g in grads]
     else:
-        loss = masked_loss(labels, model(x, training=True), label_smoothing=0.1)
+        for v in model.trainable_variables:
+            v.value.grad = None
+        loss = masked_loss(labels, model(x, training=training), label_smoothing=0.1)
         loss.backward()
         grads = [v.value.grad.cpu().numpy() for v in model.trainable_variables]
         loss = loss.detach()
-    assert np.isfinite(to_numpy(loss))
-    assert all(np.isfinite(g).all() for g in grads)
+    return float(to_numpy(loss)), grads
+
+
+def test_unpadded_training_step_equals_the_padded_one():
+    """Training skips padded positions (Unpadding) and changes nothing else.
+
+    With dropout 0, a training-mode call (position-wise layers on the real
+    tokens only, where the backend allows it) gives the inference-mode
+    (padded) logits at real positions, the same loss and the same gradients.
+    """
+    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
+
+    model = small_model()
+    x = inputs(
+        [[5, 6, 7, END, PAD], [8, END, PAD, PAD, PAD], [9, 10, 11, 12, END]],
+        [[START, 8, 9, PAD], [START, PAD, PAD, PAD], [START, 13, 14, 15]],
+    )
+    labels = np.array([[8, 9, END, PAD], [END, PAD, PAD, PAD], [13, 14, 15, END]], "int32")
+    real = labels != PAD
+    trained = to_numpy(model(x, training=True))
+    inferred = to_numpy(model(x, training=False))
+    np.testing.assert_allclose(trained[real], inferred[real], atol=1e-5)
+    if keras.backend.backend() in ("tensorflow", "torch"):
+        assert dynamic_shapes_allowed()
+        # Padded positions were skipped: their logits are exactly 0, while
+        # inference computes them (nonzero).
+        assert np.all(trained[~real] == 0.0)
+        assert np.abs(inferred[~real]).max() > 1e-3
+    loss_t, grads_t = loss_and_gradients(model, x, labels, training=True)
+    loss_i, grads_i = loss_and_gradients(model, x, labels, training=False)
+    assert abs(loss_t - loss_i) < 1e-5
+    for variable, g_t, g_i in zip(model.trainable_variables, grads_t, grads_i):
+        np.testing.assert_allclose(g_t, g_i, atol=1e-5, err_msg=variable.path)
 
 
 def _compiled(model):

@@ -175,9 +175,16 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool, add the causal (look-ahead) mask.
         return_attention_scores: bool, also return the weights.
         training: bool, enables dropout.
+        unpadding: optional `Unpadding` of the query sequence (see
+            `keras_transformer.layers.unpadding`). Then `query` (and the
+            output) hold only the real query tokens, `(tokens, d_model)`:
+            the projections skip the padding, and only the attention itself
+            runs on the padded `(batch, query_length, ...)` layout. For
+            self-attention pass the same tensor as `query` and `value`.
 
     Returns:
-        float tensor `(batch, query_length, output_dim)`, and with
+        float tensor `(batch, query_length, output_dim)` (`(tokens,
+        output_dim)` with `unpadding`), and with
         `return_attention_scores=True` also the float32 weights
         `(batch, num_heads, query_length, key_length)`.
 
@@ -340,7 +347,7 @@ class MultiHeadAttention(keras.layers.Layer):
             ),
         }
 
-    def project_self_attention(self, inputs):
+    def project_self_attention(self, inputs, unpadding=None):
         """Q, K and V of a self-attention with one fused matmul.
 
         The three kernels are concatenated along the output axis (the
@@ -348,23 +355,73 @@ class MultiHeadAttention(keras.layers.Layer):
         layout), so one `(d_model, 3 * h * d_k)` product replaces three.
 
         Args:
-            inputs: `(batch, length, d_model)`.
+            inputs: `(batch, length, d_model)`, or `(tokens, d_model)` with
+                `unpadding`.
+            unpadding: optional `Unpadding`: project the real tokens only,
+                then pad the result back.
 
         Returns:
             `(query, key, value)`, each `(batch, length, num_heads, key_dim
             | value_dim)`; the query is not yet scaled.
         """
         kernel, bias = self._input_projection(True, scale_query=False)
-        fused = ops.matmul(inputs, kernel)
-        if bias is not None:
-            fused = fused + bias
+        fused = self._padded(self._matmul(inputs, kernel, bias), unpadding)
         qk = self.num_heads * self.key_dim
         query, key, value = ops.split(fused, [qk, 2 * qk], axis=-1)
-        batch, length = ops.shape(inputs)[0], ops.shape(inputs)[1]
+        batch, length = ops.shape(fused)[0], ops.shape(fused)[1]
         return (
             ops.reshape(query, (batch, length, self.num_heads, self.key_dim)),
             ops.reshape(key, (batch, length, self.num_heads, self.key_dim)),
             ops.reshape(value, (batch, length, self.num_heads, self.value_dim)),
+        )
+
+    @staticmethod
+    def _matmul(x, kernel, bias):
+        x = ops.matmul(x, kernel)
+        return x if bias is None else x + bias
+
+    @staticmethod
+    def _padded(x, unpadding):
+        return x if unpadding is None else unpadding.pad(x)
+
+    def _attend_unpadded(self, query, key, value, mask, unpadding, training):
+        """`call` for a query given as its real tokens `(tokens, d_model)`."""
+        if key is None and value is query:
+            q, k, v = self.project_self_attention(query, unpadding)
+        else:
+            kernel, bias = self._input_projection(False, scale_query=False)
+            q = self._padded(self._matmul(query, kernel, bias), unpadding)
+            q = ops.reshape(
+                q, (unpadding.batch, unpadding.length, self.num_heads, self.key_dim)
+            )
+            k, v = self.project_key_value(value, key)
+        attended, weights = self._attend_heads(q, k, v, mask, training)
+        attended = ops.reshape(
+            attended,
+            (unpadding.batch, unpadding.length, self.num_heads * self.value_dim),
+        )
+        output_kernel = ops.reshape(
+            ops.cast(self.output_dense.kernel, self.compute_dtype),
+            (self.num_heads * self.value_dim, -1),
+        )
+        output_bias = (
+            ops.cast(self.output_dense.bias, self.compute_dtype)
+            if self.use_bias
+            else None
+        )
+        output = self._matmul(unpadding.unpad(attended), output_kernel, output_bias)
+        return output, weights
+
+    def _attend_heads(self, query, key, value, mask, training):
+        if mask is not None:
+            mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
+        return scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            mask=mask,
+            dropout=self.attention_dropout if self.dropout_rate else None,
+            training=training,
         )
 
     def attend(self, query, key, value, mask=None, training=None):
@@ -380,16 +437,7 @@ class MultiHeadAttention(keras.layers.Layer):
             `(output (batch, query_length, output_dim), weights (batch,
             num_heads, query_length, key_length))`.
         """
-        if mask is not None:
-            mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
-        attended, weights = scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            mask=mask,
-            dropout=self.attention_dropout if self.dropout_rate else None,
-            training=training,
-        )
+        attended, weights = self._attend_heads(query, key, value, mask, training)
         return self.output_dense(attended), weights
 
     def call(
@@ -402,21 +450,32 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        unpadding=None,
     ):
+        self_attention = key is None and (value is None or value is query)
         value = query if value is None else value
+        if unpadding is None:
+            query_length = ops.shape(query)[1]
+            key_length = ops.shape(value)[1]
+        else:
+            query_length = unpadding.length
+            key_length = query_length if self_attention else ops.shape(value)[1]
         mask = merge_masks(
             attention_mask,
             key_padding_to_attention_mask(value_mask),
-            causal_mask(ops.shape(query)[1], ops.shape(value)[1])
-            if use_causal_mask
-            else None,
+            causal_mask(query_length, key_length) if use_causal_mask else None,
         )
-        if key is None and value is query:
-            q, k, v = self.project_self_attention(query)
+        if unpadding is not None:
+            output, weights = self._attend_unpadded(
+                query, key, value, mask, unpadding, training
+            )
         else:
-            q = self.project_query(query)
-            k, v = self.project_key_value(value, key)
-        output, weights = self.attend(q, k, v, mask=mask, training=training)
+            if self_attention:
+                q, k, v = self.project_self_attention(query)
+            else:
+                q = self.project_query(query)
+                k, v = self.project_key_value(value, key)
+            output, weights = self.attend(q, k, v, mask=mask, training=training)
         if return_attention_scores:
             return output, weights
         return output

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.layers.unpadding import Unpadding
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class OutputProjection(keras.layers.Dense):
@@ -19,6 +21,10 @@ class OutputProjection(keras.layers.Dense):
 
     Call arguments:
         inputs: float tensor `(batch, length, d_model)`.
+        mask: optional bool `(batch, length)` (the Keras mask of `inputs`).
+        training: bool. In training with a mask, the logits of padded
+            positions are not computed (they are 0), where the backend allows
+            data-dependent shapes (`Unpadding`).
 
     Returns:
         float32 tensor `(batch, length, vocab_size)` of logits.
@@ -29,8 +35,12 @@ class OutputProjection(keras.layers.Dense):
         super().__init__(units=int(vocab_size), **kwargs)
         self.vocab_size = int(vocab_size)
 
-    def call(self, inputs):
-        return keras.ops.cast(super().call(inputs), "float32")
+    def call(self, inputs, mask=None, training=None):
+        unpadding = Unpadding.create(mask, training)
+        if unpadding is None:
+            return keras.ops.cast(super().call(inputs), "float32")
+        logits = keras.ops.cast(super().call(unpadding.unpad(inputs)), "float32")
+        return unpadding.pad(logits)
 
     def compute_mask(self, inputs, mask=None):
         return None

@@ -13,6 +13,7 @@ from keras_transformer.layers.multi_head_attention import single_query_attention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
+from keras_transformer.layers.unpadding import Unpadding
 
 
 def cached_step_masks(index, cache_length, encoder_mask=None):
@@ -94,7 +95,10 @@ class TransformerDecoder(TransformerBlock):
             source_length)` float32 weights.
 
     Returns:
-        float tensor `(batch, target_length, d_model)`.
+        float tensor `(batch, target_length, d_model)`. In training with a
+        target mask, the padded positions of the output are 0: the
+        position-wise layers skip them (`Unpadding`) where the backend
+        allows data-dependent shapes.
 
     Raises:
         ValueError: if `num_heads` does not divide `d_model`, or
@@ -202,6 +206,10 @@ class TransformerDecoder(TransformerBlock):
         )
         cross_mask = key_padding_to_attention_mask(encoder_outputs_mask)
         weights = {}
+        # In training, the position-wise work runs on the real target tokens
+        # only (see `unpadding.py`); the output is padded back with zeros.
+        unpadding = Unpadding.create(inputs_mask, training)
+        x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def self_attend(x):
             return self.self_attention(
@@ -210,6 +218,7 @@ class TransformerDecoder(TransformerBlock):
                 attention_mask=self_mask,
                 return_attention_scores=True,
                 training=training,
+                unpadding=unpadding,
             )
 
         def cross_attend(x):
@@ -219,10 +228,11 @@ class TransformerDecoder(TransformerBlock):
                 attention_mask=cross_mask,
                 return_attention_scores=True,
                 training=training,
+                unpadding=unpadding,
             )
 
         x, (weights["self_attention"],) = residual(
-            inputs,
+            x,
             self_attend,
             self.self_attention_layer_norm,
             self.self_attention_dropout,
@@ -230,6 +240,8 @@ class TransformerDecoder(TransformerBlock):
             training,
         )
         x = self._cross_and_feedforward(x, cross_attend, training, weights)
+        if unpadding is not None:
+            x = unpadding.pad(x)
         if return_attention_scores:
             return x, weights
         return x

@@ -8,6 +8,7 @@ from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
+from keras_transformer.layers.unpadding import Unpadding
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -43,6 +44,9 @@ class TransformerEncoder(TransformerBlock):
 
     Returns:
         float tensor `(batch, length, d_model)` with the input's Keras mask.
+        In training with a mask, the padded positions of the output are 0:
+        the position-wise layers skip them (`Unpadding`) where the backend
+        allows data-dependent shapes.
 
     Raises:
         ValueError: if `num_heads` does not divide `d_model`.
@@ -95,6 +99,10 @@ class TransformerEncoder(TransformerBlock):
 
     def call(self, inputs, mask=None, training=None, return_attention_scores=False):
         attention_mask = key_padding_to_attention_mask(mask)
+        # In training, the position-wise work runs on the real tokens only
+        # (see `unpadding.py`); the output is padded back with zeros.
+        unpadding = Unpadding.create(mask, training)
+        x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def attend(x):
             return self.self_attention(
@@ -103,10 +111,11 @@ class TransformerEncoder(TransformerBlock):
                 attention_mask=attention_mask,
                 return_attention_scores=True,
                 training=training,
+                unpadding=unpadding,
             )
 
         x, (weights,) = residual(
-            inputs,
+            x,
             attend,
             self.self_attention_layer_norm,
             self.self_attention_dropout,
@@ -121,6 +130,8 @@ class TransformerEncoder(TransformerBlock):
             self.norm_first,
             training,
         )
+        if unpadding is not None:
+            x = unpadding.pad(x)
         if return_attention_scores:
             return x, weights
         return x
