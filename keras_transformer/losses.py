@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.unpadding import unpadded_of
+
 
 def _check_args(pad_id, label_smoothing):
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
@@ -55,6 +57,7 @@ def per_token_loss(
         A tuple `(losses, mask)`: `losses` is float32 `(batch, T)` with 0 at
         padding, and `mask` is bool `(batch, T)`, True at real tokens.
     """
+    unpadded = unpadded_of(y_pred) if from_logits else None
     y_pred = ops.cast(ops.convert_to_tensor(y_pred), "float32")
     y_true = _align_ranks(ops.convert_to_tensor(y_true), y_pred)
     y_true = ops.cast(y_true, "int32")
@@ -62,6 +65,11 @@ def per_token_loss(
     # Pad positions may hold an id outside the vocabulary (e.g. -1): gather
     # a valid index there and zero the result afterwards.
     safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
+    if unpadded is not None:
+        # Training logits whose padded rows were never computed (see
+        # `OutputProjection`): the loss runs on the real rows only.
+        y_pred, unpadding = unpadded
+        safe_ids = unpadding.unpad(safe_ids)
 
     if from_logits:
         # The backends' fused softmax cross-entropy (TensorFlow's kernel
@@ -90,6 +98,12 @@ def per_token_loss(
             eps = float(label_smoothing)
             uniform = -ops.mean(log_probs, axis=-1)
             losses = (1.0 - eps) * losses + eps * uniform
+    if unpadded is not None:
+        # Back to (batch, T). A real label over a padded decoder input has 0
+        # logits, whose cross-entropy is log(vocab) with or without smoothing.
+        computed = unpadding.pad(ops.ones_like(losses)) > 0.5
+        vocab = ops.cast(ops.shape(y_pred)[-1], "float32")
+        losses = ops.where(computed, unpadding.pad(losses), ops.log(vocab))
     losses = ops.where(mask, losses, ops.zeros_like(losses))
     return losses, mask
 

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.unpadding import unpadded_of
+
 
 def _check_pad_id(pad_id):
     if isinstance(pad_id, bool) or not isinstance(pad_id, int):
@@ -13,6 +15,7 @@ def _check_pad_id(pad_id):
 
 def _correct_and_mask(y_true, y_pred, pad_id):
     """Float32 `(batch, T)` hits and real-token mask."""
+    unpadded = unpadded_of(y_pred)
     y_pred = ops.convert_to_tensor(y_pred)
     y_true = ops.convert_to_tensor(y_true)
     if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == 1:
@@ -25,7 +28,13 @@ def _correct_and_mask(y_true, y_pred, pad_id):
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
     y_true = ops.cast(y_true, "int32")
-    predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+    if unpadded is not None:
+        # Training logits built from their real rows (`OutputProjection`):
+        # take the argmax of those rows only; padded rows predict id 0.
+        logits, unpadding = unpadded
+        predicted = unpadding.pad(ops.cast(ops.argmax(logits, axis=-1), "int32"))
+    else:
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
     mask = ops.cast(ops.not_equal(y_true, pad_id), "float32")
     correct = ops.cast(ops.equal(y_true, predicted), "float32") * mask
     return correct, mask

@@ -123,11 +123,34 @@ def test_unpadded_training_step_equals_the_padded_one():
         # inference computes them (nonzero).
         assert np.all(trained[~real] == 0.0)
         assert np.abs(inferred[~real]).max() > 1e-3
+    from keras_transformer import masked_accuracy
+
+    for y_pred in (model(x, training=True), trained):  # with and without the real rows attached
+        assert abs(float(to_numpy(masked_loss(labels, y_pred, label_smoothing=0.1)))
+                   - float(to_numpy(masked_loss(labels, inferred, label_smoothing=0.1)))) < 1e-5
+        assert float(to_numpy(masked_accuracy(labels, y_pred))) == float(to_numpy(masked_accuracy(labels, inferred)))
     loss_t, grads_t = loss_and_gradients(model, x, labels, training=True)
     loss_i, grads_i = loss_and_gradients(model, x, labels, training=False)
     assert abs(loss_t - loss_i) < 1e-5
     for variable, g_t, g_i in zip(model.trainable_variables, grads_t, grads_i):
         np.testing.assert_allclose(g_t, g_i, atol=1e-5, err_msg=variable.path)
+
+
+def test_real_label_over_padded_decoder_input_costs_log_vocab_in_training():
+    """A label under a padded decoder input: logits 0, loss log(vocab), same both ways."""
+    model = small_model()
+    x = inputs([[5, 6, END]], [[START, 8, PAD]])
+    labels = np.array([[8, 9, END]], "int32")  # position 2 has a label but no input
+    y_pred = model(x, training=True)
+    full = to_numpy(y_pred)
+    if keras.backend.backend() in ("tensorflow", "torch"):
+        assert np.all(full[0, 2] == 0.0)
+    per_token = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, reduction=None)
+    with_rows = to_numpy(per_token(labels, y_pred))
+    without_rows = to_numpy(per_token(labels, full))
+    np.testing.assert_allclose(with_rows, without_rows, atol=1e-5)
+    if keras.backend.backend() in ("tensorflow", "torch"):
+        np.testing.assert_allclose(with_rows[0, 2], np.log(40), atol=1e-5)
 
 
 def _compiled(model):

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers.unpadding import Unpadding
+from keras_transformer.layers.unpadding import attach_unpadded
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -24,7 +25,9 @@ class OutputProjection(keras.layers.Dense):
         mask: optional bool `(batch, length)` (the Keras mask of `inputs`).
         training: bool. In training with a mask, the logits of padded
             positions are not computed (they are 0), where the backend allows
-            data-dependent shapes (`Unpadding`).
+            data-dependent shapes (`Unpadding`). The logits then carry the
+            real rows along (`unpadding.attach_unpadded`), which the masked
+            loss and accuracy use directly.
 
     Returns:
         float32 tensor `(batch, length, vocab_size)` of logits.
@@ -40,7 +43,7 @@ class OutputProjection(keras.layers.Dense):
         if unpadding is None:
             return keras.ops.cast(super().call(inputs), "float32")
         logits = keras.ops.cast(super().call(unpadding.unpad(inputs)), "float32")
-        return unpadding.pad(logits)
+        return attach_unpadded(unpadding.pad(logits), logits, unpadding)
 
     def compute_mask(self, inputs, mask=None):
         return None

@@ -94,3 +94,25 @@ class Unpadding:
             (self.batch * self.length,) + features,
         )
         return ops.reshape(flat, (self.batch, self.length) + features)
+
+
+# The logits of a training step are built from the real tokens' logits
+# `(tokens, vocab)`, padded back to `(batch, length, vocab)` for the Keras
+# API. The padded tensor carries the compact one along (as Keras carries
+# `_keras_mask`), so the masked loss and accuracy can work on the real rows
+# only and leave the padded tensor unused (TensorFlow then prunes it).
+_UNPADDED = "_keras_transformer_unpadded"
+
+
+def attach_unpadded(padded, unpadded, unpadding):
+    """Record on `padded` that it is `unpadding.pad(unpadded)`; returns it."""
+    try:
+        setattr(padded, _UNPADDED, (unpadded, unpadding))
+    except AttributeError:  # a tensor type without attributes: no shortcut
+        pass
+    return padded
+
+
+def unpadded_of(tensor):
+    """`(unpadded, unpadding)` recorded by `attach_unpadded`, or None."""
+    return getattr(tensor, _UNPADDED, None)
