@@ -153,7 +153,7 @@ class PositionalEmbedding(keras.layers.Layer):
             # the same message, rather than fail later in a Slice op.
             import tensorflow as tf
 
-            tf.debugging.assert_less_equal(
+            check = tf.debugging.assert_less_equal(
                 tf.shape(inputs)[1] + start_index,
                 self.max_length,
                 message=(
@@ -164,6 +164,10 @@ class PositionalEmbedding(keras.layers.Layer):
                     "max_length."
                 ),
             )
+            # The slice below must wait for the check: otherwise the two run
+            # in parallel and the slice's own error may come first.
+            with tf.control_dependencies([check]):
+                inputs = tf.identity(inputs)
         embedded = self.token_embedding(inputs)
         embedded = ops.multiply(
             embedded, ops.cast(self.d_model**0.5, embedded.dtype)
