@@ -370,3 +370,27 @@ def test_unpadding_is_off_under_xla():
     np.testing.assert_allclose(compiled[mask], eager[mask], atol=1e-5)
     assert np.abs(compiled[~mask]).max() > 1e-3  # padded positions computed
     assert np.all(eager[~mask] == 0.0)
+
+
+def test_fused_attention_kernel_equals_equation_one():
+    """`keras.ops.dot_product_attention` path = our softmax path, C08 rows included."""
+    from keras_transformer.layers.multi_head_attention import fused_dot_product_attention
+
+    rng = np.random.default_rng(9)
+    q = rng.normal(size=(2, 4, 3, 8)).astype("float32")
+    k, v = (rng.normal(size=(2, 5, 3, 8)).astype("float32") for _ in range(2))
+    mask = np.ones((2, 1, 4, 5), bool)
+    mask[0, :, :, 3:] = False  # padded keys
+    mask[1, :, 2, :] = False  # a query row with no key at all: output 0
+    fused = to_numpy(fused_dot_product_attention(q, k, v, mask))
+    with np.errstate(invalid="ignore"):
+        reference, _ = numpy_attention(q, k, v, mask)
+    reference = np.nan_to_num(reference)  # the all-blocked row: 0, not NaN
+    np.testing.assert_allclose(fused, reference, atol=1e-5)
+    np.testing.assert_array_equal(fused[1, 2], 0.0)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    key_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    with_weights, _ = layer(x, x, value_mask=key_mask, use_causal_mask=True, return_attention_scores=True)
+    without = layer(x, x, value_mask=key_mask, use_causal_mask=True)
+    np.testing.assert_allclose(to_numpy(without), to_numpy(with_weights), atol=1e-5)

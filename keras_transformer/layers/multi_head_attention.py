@@ -91,6 +91,47 @@ def attention_bias(mask):
     return ops.where(ops.cast(mask, "bool"), 0.0, _MASK_VALUE)
 
 
+# Backends on which `keras.ops.dot_product_attention` beats our einsum path
+# here: PyTorch's fused `scaled_dot_product_attention` (about 4% off a
+# forward pass of the bench-small model on CPU). On TensorFlow it is the same
+# einsum-softmax-einsum as ours; on JAX it was no faster under `jit` on CPU
+# and slower outside it (`/tmp` probe, bench-small batch of 64).
+_FUSED_ATTENTION = {"torch": True}
+
+
+def fused_dot_product_attention(query, key, value, mask=None):
+    """Equation (1) through `keras.ops.dot_product_attention`.
+
+    The same values as `scaled_dot_product_attention` (no dropout, no
+    weights returned), with the backend's fused kernel; a query row whose
+    keys are all blocked gives 0, as in `masked_softmax` (C08).
+
+    Args:
+        query: `(batch, query_length, num_heads, key_dim)`.
+        key: `(batch, key_length, num_heads, key_dim)`.
+        value: `(batch, key_length, num_heads, value_dim)`.
+        mask: optional bool, broadcastable to `(batch, num_heads,
+            query_length, key_length)`, True where allowed.
+
+    Returns:
+        `(batch, query_length, num_heads, value_dim)` in the dtype of `query`.
+    """
+    if mask is None:
+        return ops.dot_product_attention(query, key, value)
+    mask = ops.cast(mask, "bool")
+    full = (
+        ops.shape(query)[0],
+        ops.shape(query)[2],
+        ops.shape(query)[1],
+        ops.shape(key)[1],
+    )
+    mask = ops.broadcast_to(mask, full)
+    output = ops.dot_product_attention(query, key, value, mask=mask)
+    # (batch, heads, query) -> (batch, query, heads, 1)
+    keep = ops.expand_dims(ops.transpose(ops.any(mask, axis=-1), (0, 2, 1)), -1)
+    return ops.where(keep, output, ops.zeros_like(output))
+
+
 def single_query_attention(query, key, value, bias, keep=None):
     """Attention of one query per row over cached keys (incremental decoding).
 
@@ -384,7 +425,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def _padded(x, unpadding):
         return x if unpadding is None else unpadding.pad(x)
 
-    def _attend_unpadded(self, query, key, value, mask, unpadding, training):
+    def _attend_unpadded(self, query, key, value, mask, unpadding, training, need_weights):
         """`call` for a query given as its real tokens `(tokens, d_model)`."""
         if key is None and value is query:
             q, k, v = self.project_self_attention(query, unpadding)
@@ -395,7 +436,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 q, (unpadding.batch, unpadding.length, self.num_heads, self.key_dim)
             )
             k, v = self.project_key_value(value, key)
-        attended, weights = self._attend_heads(q, k, v, mask, training)
+        attended, weights = self._attend_heads(q, k, v, mask, training, need_weights)
         attended = ops.reshape(
             attended,
             (unpadding.batch, unpadding.length, self.num_heads * self.value_dim),
@@ -412,9 +453,19 @@ class MultiHeadAttention(keras.layers.Layer):
         output = self._matmul(unpadding.unpad(attended), output_kernel, output_bias)
         return output, weights
 
-    def _attend_heads(self, query, key, value, mask, training):
+    def _attend_heads(self, query, key, value, mask, training, need_weights=True):
+        """Attention per head: `(batch, query_length, heads, value_dim)`.
+
+        Returns `(attended, weights)`. Without `need_weights`, and with no
+        attention dropout to apply, the backend's fused kernel runs instead
+        (`keras.ops.dot_product_attention`, on PyTorch its
+        `scaled_dot_product_attention`) and `weights` is None; rows whose keys are all blocked still give 0.
+        """
         if mask is not None:
             mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
+        dropout = self.dropout_rate and training
+        if not need_weights and not dropout and _FUSED_ATTENTION.get(keras.backend.backend()):
+            return fused_dot_product_attention(query, key, value, mask), None
         return scaled_dot_product_attention(
             query,
             key,
@@ -467,7 +518,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if unpadding is not None:
             output, weights = self._attend_unpadded(
-                query, key, value, mask, unpadding, training
+                query, key, value, mask, unpadding, training, return_attention_scores
             )
         else:
             if self_attention:
@@ -475,7 +526,10 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 q = self.project_query(query)
                 k, v = self.project_key_value(value, key)
-            output, weights = self.attend(q, k, v, mask=mask, training=training)
+            attended, weights = self._attend_heads(
+                q, k, v, mask, training, return_attention_scores
+            )
+            output = self.output_dense(attended)
         if return_attention_scores:
             return output, weights
         return output

@@ -212,24 +212,28 @@ class TransformerDecoder(TransformerBlock):
         x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def self_attend(x):
-            return self.self_attention(
+            result = self.self_attention(
                 x,
                 x,
                 attention_mask=self_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
                 unpadding=unpadding,
             )
+            # Weights only when asked for: without them the attention may
+            # run as one fused kernel (`MultiHeadAttention._attend_heads`).
+            return result if return_attention_scores else (result, None)
 
         def cross_attend(x):
-            return self.cross_attention(
+            result = self.cross_attention(
                 x,
                 encoder_outputs,
                 attention_mask=cross_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
                 unpadding=unpadding,
             )
+            return result if return_attention_scores else (result, None)
 
         x, (weights["self_attention"],) = residual(
             x,

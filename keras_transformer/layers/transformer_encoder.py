@@ -105,14 +105,17 @@ class TransformerEncoder(TransformerBlock):
         x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def attend(x):
-            return self.self_attention(
+            result = self.self_attention(
                 x,
                 x,
                 attention_mask=attention_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
                 unpadding=unpadding,
             )
+            # Weights only when asked for: without them the attention may
+            # run as one fused kernel (`MultiHeadAttention._attend_heads`).
+            return result if return_attention_scores else (result, None)
 
         x, (weights,) = residual(
             x,
