@@ -22,11 +22,26 @@ def _add_training_args(parser):
     parser.add_argument("--preset", default=defaults.preset, help="base, big, small or tiny")
     for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
         parser.add_argument(f"--{name}", type=kind, help="override the preset")
+    helps = {
+        "max_length": "longest source / target in subword tokens; longer pairs are cut",
+        "src_vocab_size": "source SentencePiece vocabulary size",
+        "tgt_vocab_size": "target SentencePiece vocabulary size",
+        "tokens_per_batch": "token budget per batch and side, length-bucketed (0: fixed --batch-size)",
+        "batch_size": "sentences per batch when --tokens-per-batch is 0",
+        "epochs": "passes over the training data",
+        "warmup_steps": "warm-up steps of the learning-rate schedule (section 5.3)",
+        "seed": "random seed",
+        "max_train_pairs": "use only the first N training pairs (smoke runs)",
+        "lr_scale": "factor on the schedule's learning rate",
+        "label_smoothing": "epsilon_ls of section 5.4",
+    }
     for name in ("max_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
                  "epochs", "warmup_steps", "seed", "max_train_pairs"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
+                            help=f"{helps[name]} (default: %(default)s)")
     for name in ("lr_scale", "label_smoothing"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
+                            help=f"{helps[name]} (default: %(default)s)")
     parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
     parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],

@@ -47,7 +47,7 @@ class TrainingConfig:
         lowercase: lowercase the text before tokenizing.
         tokens_per_batch: token budget per batch (per side), with length
             bucketing; `batch_size` is used when it is None.
-        batch_size: sentences per batch without `tokens_per_batch`.
+        batch_size: sentences per batch when `tokens_per_batch` is None or 0.
         epochs: passes over the training data.
         warmup_steps, lr_scale: `WarmupSchedule` (section 5.3).
         label_smoothing: epsilon of section 5.4 (0.1 in the paper).
@@ -216,7 +216,7 @@ def train(config, verbose=1):
         return make_dataset(
             src, tgt, src_tok, tgt_tok,
             max_length=config.max_length,
-            tokens_per_batch=config.tokens_per_batch,
+            tokens_per_batch=config.tokens_per_batch or None,
             batch_size=config.batch_size,
             shuffle=shuffle,
             seed=config.seed,

@@ -88,11 +88,14 @@ class Unpadding:
     def pad(self, x):
         """`(tokens, ...)` -> `(batch, length, ...)`, zeros at padding."""
         features = tuple(x.shape[1:])
-        flat = ops.scatter(
-            ops.expand_dims(self.indices, -1),
-            x,
-            (self.batch * self.length,) + features,
-        )
+        shape = (self.batch * self.length,) + features
+        indices = ops.expand_dims(self.indices, -1)
+        if keras.backend.backend() == "torch":
+            # Keras's `scatter` on torch loops over the indices in Python;
+            # `scatter_update` is one indexed assignment.
+            flat = ops.scatter_update(ops.zeros(shape, x.dtype), indices, x)
+        else:
+            flat = ops.scatter(indices, x, shape)  # tf.scatter_nd
         return ops.reshape(flat, (self.batch, self.length) + features)
 
 
