@@ -374,19 +374,25 @@ class MultiHeadAttention(keras.layers.Layer):
             h * value_dim])`, `"bias"` (or None), `"output_kernel"`
             `(h * value_dim, output_dim)` and `"output_bias"` (or None).
         """
-        dtype = self.compute_dtype
         kernel, bias = self._input_projection(include_key_value, scale_query=True)
+        output_kernel, output_bias = self._output_projection()
         return {
             "kernel": kernel,
             "bias": bias,
-            "output_kernel": ops.reshape(
-                ops.cast(self.output_dense.kernel, dtype),
-                (self.num_heads * self.value_dim, -1),
-            ),
-            "output_bias": (
-                ops.cast(self.output_dense.bias, dtype) if self.use_bias else None
-            ),
+            "output_kernel": output_kernel,
+            "output_bias": output_bias,
         }
+
+    def _output_projection(self):
+        """W^O as a `(h * value_dim, output_dim)` matrix and its bias (or
+        None), in the compute dtype."""
+        dtype = self.compute_dtype
+        kernel = ops.reshape(
+            ops.cast(self.output_dense.kernel, dtype),
+            (self.num_heads * self.value_dim, -1),
+        )
+        bias = ops.cast(self.output_dense.bias, dtype) if self.use_bias else None
+        return kernel, bias
 
     def project_self_attention(self, inputs, unpadding=None):
         """Q, K and V of a self-attention with one fused matmul.
@@ -441,15 +447,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attended,
             (unpadding.batch, unpadding.length, self.num_heads * self.value_dim),
         )
-        output_kernel = ops.reshape(
-            ops.cast(self.output_dense.kernel, self.compute_dtype),
-            (self.num_heads * self.value_dim, -1),
-        )
-        output_bias = (
-            ops.cast(self.output_dense.bias, self.compute_dtype)
-            if self.use_bias
-            else None
-        )
+        output_kernel, output_bias = self._output_projection()
         output = self._matmul(unpadding.unpad(attended), output_kernel, output_bias)
         return output, weights
 
@@ -459,7 +457,8 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns `(attended, weights)`. Without `need_weights`, and with no
         attention dropout to apply, the backend's fused kernel runs instead
         (`keras.ops.dot_product_attention`, on PyTorch its
-        `scaled_dot_product_attention`) and `weights` is None; rows whose keys are all blocked still give 0.
+        `scaled_dot_product_attention`) and `weights` is None; rows whose
+        keys are all blocked still give 0.
         """
         if mask is not None:
             mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
