@@ -19,7 +19,9 @@ def _add_training_args(parser):
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
     parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")
-    parser.add_argument("--preset", default=defaults.preset, help="base, big, small or tiny")
+    parser.add_argument("--preset", default=defaults.preset, choices=["base", "big", "small", "tiny"],
+                        help="model size (default: %(default)s): base and big are the paper's "
+                             "table 3, small is 3 layers of d_model 256")
     for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
         parser.add_argument(f"--{name}", type=kind, help="override the preset")
     helps = {
@@ -134,6 +136,8 @@ def cmd_translate(args):
     if args.plot_attention:
         if not args.run:
             raise SystemExit("--plot-attention needs --run (the SavedModel returns no weights).")
+        if not lines:
+            raise ValueError("--plot-attention needs a sentence: pass it as an argument or on stdin.")
         from keras_transformer.plotting import plot_attention
 
         found = _translator(args).attention(lines[0])
@@ -158,6 +162,14 @@ def cmd_demo(args):
     from keras_transformer.training import TrainingConfig, train
     from keras_transformer.translator import Translator
 
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "the demo exports a SavedModel, which needs the tensorflow Keras backend; "
+            f"this process runs {keras.backend.backend()!r} (unset KERAS_BACKEND or set it "
+            "to tensorflow). `keras-transformer train` runs on every backend."
+        )
     start = time.time()
     out = args.output_dir
     data = os.path.join(out, "data")
@@ -235,7 +247,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, TypeError) as error:
+    except (ValueError, OSError, TypeError) as error:
         if os.environ.get("KERAS_TRANSFORMER_TRACEBACK"):
             raise
         parser.exit(1, f"keras-transformer {args.command}: error: {error}\n")

@@ -164,6 +164,45 @@ class _Timer(keras.callbacks.Callback):
             f.write(json.dumps(record) + "\n")
 
 
+# What a run folder cannot change between runs: the tokenizers and the
+# shapes of the weights. Epochs, learning rate, batching and the rest may.
+_FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase")
+_FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "max_length",
+                "norm_first", "activation")
+
+
+def _check_resumable(out, config, model_config):
+    """Refuse to resume a run folder with settings its files do not fit."""
+    path = os.path.join(out, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    changes = []
+    for key in _FIXED_TRAINING:
+        before, now = saved.get("training", {}).get(key), getattr(config, key)
+        if before != now:
+            changes.append(f"{key} {before!r} -> {now!r}")
+    for key in _FIXED_MODEL:
+        before, now = saved.get("model", {}).get(key), model_config.get(key)
+        if before != now:
+            changes.append(f"{key} {before!r} -> {now!r}")
+    if changes:
+        raise ValueError(
+            f"{out} holds a run trained with other settings ({'; '.join(changes)}): "
+            "its tokenizers and weights do not fit them. Continue it with its own "
+            "settings (see its config.json), or pass a new --output-dir."
+        )
+
+
+def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
+    model = dict(model_config)
+    if src_tok is not None:
+        model.update(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"training": dataclasses.asdict(config), "model": model}, f, indent=2)
+
+
 def train(config, verbose=1):
     """Train (or resume) a run described by a `TrainingConfig`.
 
@@ -172,7 +211,17 @@ def train(config, verbose=1):
     """
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
+    model_config = config.model_config()  # an unknown preset fails here, first
+    if bool(config.val_src) != bool(config.val_tgt):
+        raise ValueError(
+            "Pass both validation files (--val-src and --val-tgt) or neither; "
+            f"got val_src={config.val_src!r}, val_tgt={config.val_tgt!r}."
+        )
     os.makedirs(out, exist_ok=True)
+    _check_resumable(out, config, model_config)
+    # Written before the tokenizers are trained, so that a run cut short
+    # still records what its tokenizers were asked for.
+    _write_run_config(out, config, model_config)
     from keras_transformer.data.text_files import read_lines
 
     src_lines = read_lines(config.train_src)
@@ -193,20 +242,7 @@ def train(config, verbose=1):
     src_tok = _tokenizer(os.path.join(out, "source"), src_lines, config.src_vocab_size, config.lowercase)
     tgt_tok = _tokenizer(os.path.join(out, "target"), tgt_lines, config.tgt_vocab_size, config.lowercase)
 
-    model_config = config.model_config()
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(
-            {
-                "training": dataclasses.asdict(config),
-                "model": dict(
-                    model_config,
-                    src_vocab_size=src_tok.vocab_size,
-                    tgt_vocab_size=tgt_tok.vocab_size,
-                ),
-            },
-            f,
-            indent=2,
-        )
+    _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
     replicas = num_replicas(config.distribution)
     # jax shards each batch evenly over the devices; tensorflow splits any size.

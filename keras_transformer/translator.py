@@ -1,5 +1,6 @@
 """String-to-string translation: tokenize, decode with a cache, detokenize."""
 
+import keras
 import tensorflow as tf
 
 from keras_transformer.data.packing import pack_source
@@ -45,7 +46,8 @@ class Translator(tf.Module):
     truncated to its first `max_length - 1` subword tokens plus the end
     token, the rule the training pipeline applies; nothing is raised.
 
-    Needs the tensorflow Keras backend (the tokenizers are TensorFlow ops).
+    Needs the tensorflow Keras backend (the tokenizers are TensorFlow ops);
+    on jax and torch, `greedy_search` and `beam_search` decode token ids.
 
     Args:
         model: a `build_transformer` model.
@@ -70,6 +72,10 @@ class Translator(tf.Module):
         `tf.string` translations of the shape of `text` (scalar in, scalar
         out; `(batch,)` in, `(batch,)` out).
 
+    Raises:
+        ValueError: on a Keras backend other than tensorflow, for
+            `beam_size < 1`, or tokenizers that do not fit the model.
+
     Example:
     >>> translator = Translator(model, src_tok, tgt_tok, beam_size=4)
     >>> translator(["A dog runs ."]).numpy()
@@ -89,6 +95,16 @@ class Translator(tf.Module):
         name=None,
     ):
         super().__init__(name=name)
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "Translator is a tf.Module of tf.functions (exported as a "
+                "SavedModel), so it needs the tensorflow Keras backend; this "
+                f"process runs {keras.backend.backend()!r}. Set "
+                "KERAS_BACKEND=tensorflow and load the trained model there "
+                "(`keras.saving.load_model` of the run's .keras file), or call "
+                "`greedy_search` / `beam_search` with `TransformerParts`, which "
+                "run on every backend."
+            )
         if int(beam_size) < 1:
             raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
         self.model = model

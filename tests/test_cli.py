@@ -34,6 +34,16 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     with open(os.path.join(run, "log.csv")) as f:
         epochs = [line.split(",")[0] for line in f.read().strip().splitlines()[1:]]
     assert epochs == ["0", "1"]
+    # Resuming with other model sizes is refused before anything is touched.
+    with open(os.path.join(run, "config.json")) as f:
+        saved_config = f.read()
+    with pytest.raises(SystemExit) as info:
+        main(train_args[:-1] + ["3", "--d-model", "64"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "d_model 128 -> 64" in err and "--output-dir" in err
+    with open(os.path.join(run, "config.json")) as f:
+        assert f.read() == saved_config
     for name in ("config.json", "best.keras", "model.keras", "source.model", "target.model"):
         assert os.path.exists(os.path.join(run, name)), name
     capsys.readouterr()
@@ -74,3 +84,31 @@ def test_missing_saved_model_folder_is_a_clear_error(tmp_path):
         main(["translate", "--saved-model", str(tmp_path / "nope"), "A dog."])
     message = str(info.value.code)
     assert "nope" in message and "not a SavedModel folder" in message
+
+
+def _train_error(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", *args])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
+    files = ["--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de")]
+    run = tmp_path / "run"
+    err = _train_error(files + ["--val-src", str(data / "val.en"), "--output-dir", str(run)], capsys)
+    assert "--val-src and --val-tgt" in err
+    assert not run.exists()  # no tokenizer trained, no folder made
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    err = _train_error(files + ["--output-dir", str(a_file)], capsys)
+    assert "a_file" in err
+    binary = tmp_path / "binary.dat"
+    binary.write_bytes(b"ok\n\xd0\xff\xfe\n")
+    err = _train_error(["--train-src", str(binary), "--train-tgt", str(binary),
+                        "--output-dir", str(run)], capsys)
+    assert "binary.dat is not UTF-8 text" in err

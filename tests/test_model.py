@@ -153,6 +153,16 @@ def test_real_label_over_padded_decoder_input_costs_log_vocab_in_training():
         np.testing.assert_allclose(with_rows[0, 2], np.log(40), atol=1e-5)
 
 
+def test_translator_on_another_backend_is_a_clear_error():
+    """The Translator is a tf.Module: on jax and torch it says so up front."""
+    if keras.backend.backend() == "tensorflow":
+        pytest.skip("the Translator runs on tensorflow (tests/test_decoding.py)")
+    from keras_transformer import Translator
+
+    with pytest.raises(ValueError, match=f"tensorflow Keras backend; this process runs '{keras.backend.backend()}'"):
+        Translator(small_model(), None, None)
+
+
 def _compiled(model):
     model.compile(
         optimizer=keras.optimizers.Adam(WarmupSchedule(16, 10), beta_2=0.98, epsilon=1e-9),

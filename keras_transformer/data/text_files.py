@@ -25,6 +25,10 @@ def read_lines(path):
     Returns:
         list of `str`, one per line.
 
+    Raises:
+        FileNotFoundError: if `path` does not exist.
+        ValueError: if the file is not UTF-8 text (naming the file).
+
     Example:
 
     ```python
@@ -32,8 +36,14 @@ def read_lines(path):
     ```
     """
     opener = gzip.open if _is_gzip(path) else open
-    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-        return [line.rstrip("\n").removesuffix("\r") for line in f]
+    try:
+        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+            return [line.rstrip("\n").removesuffix("\r") for line in f]
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); "
+            "pass a UTF-8 text file, one sentence per line (plain or .gz)."
+        ) from None
 
 
 def read_parallel(src_path, tgt_path):
