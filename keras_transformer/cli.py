@@ -111,6 +111,8 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
     from keras_transformer.translator import translate_lines
 
     sources, references = read_parallel(src_path, ref_path)
+    if output:
+        open(output, "w").close()  # an unwritable path fails now, not after translating
     if limit:
         sources, references = sources[:limit], references[:limit]
     start = time.time()
