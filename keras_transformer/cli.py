@@ -159,12 +159,12 @@ def cmd_export(args):
 
 
 def cmd_demo(args):
+    import keras
+
     from keras_transformer.data.synthetic import write_synthetic_corpus
     from keras_transformer.export import export_translator
     from keras_transformer.training import TrainingConfig, train
     from keras_transformer.translator import Translator
-
-    import keras
 
     if keras.backend.backend() != "tensorflow":
         raise ValueError(

@@ -71,6 +71,7 @@ def per_token_loss(
         y_pred, unpadding = unpadded
         safe_ids = unpadding.unpad(safe_ids)
 
+    vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
     if from_logits:
         # The backends' fused softmax cross-entropy (TensorFlow's kernel
         # returns the loss and its gradient in one pass); a gather of the
@@ -78,7 +79,6 @@ def per_token_loss(
         # the whole (batch, T, vocab) tensor, which is slow on CPU.
         if label_smoothing:
             eps = float(label_smoothing)
-            vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
             target = ops.one_hot(safe_ids, vocab, dtype="float32")
             target = target * (1.0 - eps) + eps / vocab
             losses = ops.categorical_crossentropy(target, y_pred, from_logits=True)
@@ -102,8 +102,8 @@ def per_token_loss(
         # Back to (batch, T). A real label over a padded decoder input has 0
         # logits, whose cross-entropy is log(vocab) with or without smoothing.
         computed = unpadding.pad(ops.ones_like(losses)) > 0.5
-        vocab = ops.cast(ops.shape(y_pred)[-1], "float32")
-        losses = ops.where(computed, unpadding.pad(losses), ops.log(vocab))
+        log_vocab = ops.log(ops.cast(vocab, "float32"))
+        losses = ops.where(computed, unpadding.pad(losses), log_vocab)
     losses = ops.where(mask, losses, ops.zeros_like(losses))
     return losses, mask
 
@@ -117,8 +117,9 @@ def masked_loss(
     positions whose label is not `pad_id` and divides by their number, so the
     value does not depend on how much padding a batch carries, and a batch
     made only of padding gives 0 (not NaN). Label smoothing follows the paper
-    (section 5.4, epsilon_ls = 0.1): the target distribution is `(1 - eps) * onehot + eps / vocab`. Computed in
-    float32 even for float16/bfloat16 logits.
+    (section 5.4, epsilon_ls = 0.1): the target distribution is
+    `(1 - eps) * onehot + eps / vocab`. Computed in float32 even for
+    float16/bfloat16 logits.
 
     For `model.compile`, use `MaskedSparseCategoricalCrossentropy`: it
     reports the same number through Keras's loss reduction.
@@ -191,8 +192,8 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
     `evaluate` report, for each batch, the mean over real target tokens of
     the (smoothed) cross-entropy, exactly `masked_loss`, whatever the
     padding; an all-padding batch gives 0. Label smoothing follows the paper
-    (section 5.4, epsilon_ls = 0.1) with sparse integer targets. Computed in float32 even under a
-    mixed-precision policy.
+    (section 5.4, epsilon_ls = 0.1) with sparse integer targets. Computed in
+    float32 even under a mixed-precision policy.
 
     The class owns its reduction (it overrides `__call__`): Keras's default
     `"sum_over_batch_size"` divides by `batch * T`, padding included. The

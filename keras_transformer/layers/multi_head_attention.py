@@ -474,7 +474,7 @@ class MultiHeadAttention(keras.layers.Layer):
             training=training,
         )
 
-    def attend(self, query, key, value, mask=None, training=None):
+    def attend(self, query, key, value, mask=None, training=None, need_weights=True):
         """Attention over projected heads, then the output projection.
 
         Args:
@@ -482,12 +482,16 @@ class MultiHeadAttention(keras.layers.Layer):
             key: `(batch, key_length, num_heads, key_dim)`.
             value: `(batch, key_length, num_heads, value_dim)`.
             mask: bool, broadcastable to `(batch, query_length, key_length)`.
+            need_weights: bool; without weights the attention may run as the
+                backend's fused kernel (`_attend_heads`), and weights is None.
 
         Returns:
             `(output (batch, query_length, output_dim), weights (batch,
             num_heads, query_length, key_length))`.
         """
-        attended, weights = self._attend_heads(query, key, value, mask, training)
+        attended, weights = self._attend_heads(
+            query, key, value, mask, training, need_weights
+        )
         return self.output_dense(attended), weights
 
     def call(
@@ -525,10 +529,9 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 q = self.project_query(query)
                 k, v = self.project_key_value(value, key)
-            attended, weights = self._attend_heads(
-                q, k, v, mask, training, return_attention_scores
+            output, weights = self.attend(
+                q, k, v, mask, training, need_weights=return_attention_scores
             )
-            output = self.output_dense(attended)
         if return_attention_scores:
             return output, weights
         return output
