@@ -37,6 +37,22 @@ def test_c22_accuracy_ignores_padding():
     assert np.mean(labels == np.argmax(y_pred, -1)) == 0.75
 
 
+def test_ties_and_random_logits_follow_numpy_argmax():
+    """The prediction is the first largest logit (NumPy's argmax): a row of
+    equal logits predicts id 0, so its label 3 is a miss, not a hit."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(1, VOCAB, size=(4, 6)).astype("int32")
+    labels[:, 4:] = PAD
+    y_pred = rng.normal(size=(4, 6, VOCAB)).astype("float32")
+    y_pred[0, 0] = 0.0  # a tie: argmax 0
+    labels[0, 0] = 3
+    y_pred[1, 1, labels[1, 1]] = 9.0  # a sure hit
+    real = labels != PAD
+    expected = np.sum((np.argmax(y_pred, -1) == labels) & real) / np.sum(real)
+    assert 0 < expected < 1
+    np.testing.assert_allclose(to_numpy(masked_accuracy(labels, y_pred)), expected, rtol=1e-6)
+
+
 def test_c22_all_padding_row_contributes_nothing_and_no_nan():
     """C22: an all-padding row changes nothing; all-padding alone gives 0."""
     labels = np.array([[5, 6, PAD, PAD], [PAD, PAD, PAD, PAD]], dtype="int32")
