@@ -50,6 +50,52 @@ def test_c23_smoothed_and_unsmoothed_values():
     )
 
 
+def gradient_of(fn, x):
+    """d fn(x) / dx on the current backend, as NumPy."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.gradient(y, x).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(fn)(x))
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    fn(x).backward()
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradient_is_softmax_minus_smoothed_target_over_real_tokens(eps):
+    """d loss / d logits = (softmax - ((1 - eps) onehot + eps / V)) / n_real
+    at real tokens and 0 at padding (NumPy reference), and the loss value
+    matches the reference too."""
+    rng = np.random.default_rng(3)
+    labels = rng.integers(1, 7, size=(3, 5)).astype("int32")
+    labels[0, 3:] = PAD
+    labels[2, 1:] = PAD
+    logits = (3 * rng.normal(size=(3, 5, 7))).astype("float32")
+    real = labels != PAD
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    softmax = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
+    target = (1 - eps) * np.eye(7)[labels] + eps / 7
+    expected = (softmax - target) * real[..., None] / real.sum()
+    expected_loss = np.sum(-(target * np.log(softmax)).sum(-1) * real) / real.sum()
+
+    def loss(x):
+        return masked_loss(labels, x, label_smoothing=eps)
+
+    np.testing.assert_allclose(float(to_numpy(loss(logits))), expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(gradient_of(loss, logits), expected, atol=1e-6)
+
+
 def test_c23_pad_position_contributes_zero():
     """C23: the pad position's loss is 0 and it is left out of the mean."""
     labels, logits = c23_inputs()
