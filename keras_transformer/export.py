@@ -102,8 +102,10 @@ def export_translator(translator, path, weights_dtype="float32"):
     - `translate_n_best`: `text` -> `translations` and `scores`, both
       `[None, beam_size]`, best first;
     - `translate_ids`: `source_ids` (`int32`, `[None, None]`, rows ending
-      in the end id, padded with 0) -> `target_ids` (`int32`,
-      `[None, None]`) and `score`, for clients that tokenize themselves.
+      in the end id, padded with 0; one row `[None]` is a batch of one;
+      ids outside the source vocabulary are an `InvalidArgumentError`) ->
+      `target_ids` (`int32`, `[None, None]`) and `score`, for clients that
+      tokenize themselves.
 
     The graph holds core TensorFlow ops plus the three tensorflow-text
     SentencePiece ops in `TENSORFLOW_TEXT_OPS`, so it loads with
@@ -168,7 +170,7 @@ def export_translator(translator, path, weights_dtype="float32"):
                 },
             },
             "translate_ids": {
-                "inputs": {"source_ids": "int32 [None, None]"},
+                "inputs": {"source_ids": "int32 [None, None] (or one row [None])"},
                 "outputs": {"target_ids": "int32 [None, None]", "score": "float32 [None]"},
             },
         },

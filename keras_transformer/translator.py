@@ -31,6 +31,48 @@ def as_batch(text):
         return tf.reshape(text, [-1])
 
 
+# Same for the id signature: a row `(length,)` is a batch of one.
+IDS_SPEC = tf.TensorSpec(None, tf.int32, name="source_ids")
+
+
+def as_id_batch(source_ids, vocab_size):
+    """An int32 id tensor of rank 1 or 2 as a `(batch, length)` matrix.
+
+    Raises:
+        tf.errors.InvalidArgumentError: (in the graph, before any other op
+            uses the ids) for rank 0 or 3+, or for an id outside
+            `[0, vocab_size)`.
+    """
+    rank = tf.rank(source_ids)
+    checks = [
+        tf.debugging.assert_greater_equal(
+            rank, 1,
+            message="`source_ids` must be a row of ids (length,) or a batch "
+            "(batch, length), not a scalar",
+        ),
+        tf.debugging.assert_less_equal(
+            rank, 2,
+            message="`source_ids` must be a row of ids (length,) or a batch "
+            "(batch, length) padded with 0; flatten it first",
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        shape = tf.shape(source_ids)
+        rows = tf.where(tf.equal(rank, 1), 1, shape[0])
+        batch = tf.reshape(source_ids, tf.stack([rows, shape[rank - 1]]))
+    largest = tf.reduce_max(tf.concat([tf.reshape(batch, [-1]), [0]], 0))  # 0 if empty
+    in_range = tf.debugging.assert_less(
+        largest,
+        vocab_size,
+        message=f"`source_ids` must be ids of the source vocabulary, in [0, {vocab_size})",
+    )
+    non_negative = tf.debugging.assert_non_negative(
+        batch, message="`source_ids` must not be negative"
+    )
+    with tf.control_dependencies([in_range, non_negative]):
+        return tf.identity(batch)
+
+
 class Translator(tf.Module):
     """Translate strings with a trained Transformer, in one TensorFlow graph.
 
@@ -247,16 +289,22 @@ class Translator(tf.Module):
         translations, scores = self.translate_batch(as_batch(text), n_best=self.beam_size)
         return {"translations": translations, "scores": scores}
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    @tf.function(input_signature=[IDS_SPEC])
     def serve_ids(self, source_ids):
         """Token-id signature for clients that tokenize themselves.
 
         `source_ids` int32 (batch, length): source subword ids, each row
         ending with `end_id` and padded with `pad_id` (0); longer rows than
         the model's `max_length` are cut to `max_length - 1` ids + `end_id`.
+        A single row `(length,)` is a batch of one.
         Returns `target_ids` int32 (batch, length): output ids ending with
         `end_id` then `pad_id`, no `start_id`; and `score` float32 (batch,).
+
+        Raises:
+            tf.errors.InvalidArgumentError: for rank 0 or 3+, or an id
+                outside `[0, source vocab_size)`, before decoding starts.
         """
+        source_ids = as_id_batch(source_ids, self.src_tokenizer.vocab_size)
         source_ids = self._clip_source(source_ids)
         tokens, scores = self.translate_ids(source_ids)
         return {"target_ids": tokens[:, 0], "score": scores[:, 0]}

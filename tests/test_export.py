@@ -146,6 +146,32 @@ def test_c17_saved_signatures_take_a_scalar_and_refuse_a_matrix_clearly(exported
         serve(text=tf.constant([["A dog runs."]]))
 
 
+def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
+    """`translate_ids`: one row of ids (rank 1) is a batch of one with the
+    batch's answer; a scalar, rank 3, an id past the vocabulary and a
+    negative id each get an error naming the problem, not a graph crash
+    ("slice index 1 of dimension 0 out of bounds", "indices ... not in")."""
+    translators, paths = exported
+    translator = translators["beam"]
+    loaded = tf.saved_model.load(paths["beam"])
+    by_ids = loaded.signatures["translate_ids"]
+    row = translator.encode_source(tf.constant(["A dog runs."]))[0]
+    one = by_ids(source_ids=row)
+    batch = by_ids(source_ids=row[None])
+    assert one["target_ids"].shape[0] == 1
+    np.testing.assert_array_equal(one["target_ids"].numpy(), batch["target_ids"].numpy())
+    np.testing.assert_allclose(one["score"].numpy(), batch["score"].numpy(), atol=1e-6)
+    vocab = translator.src_tokenizer.vocab_size
+    for bad, message in [
+        (tf.constant(5), "not a scalar"),
+        (row[None, None], "flatten it first"),
+        (tf.constant([[5, vocab, 3]]), rf"in \[0, {vocab}\)"),
+        (tf.constant([[5, -1, 3]]), "must not be negative"),
+    ]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            by_ids(source_ids=bad)
+
+
 def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
     """C09: a source longer than max_length is cut to max_length - 1 tokens + end."""
     translators, _ = exported

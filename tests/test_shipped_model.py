@@ -39,3 +39,28 @@ def test_shipped_model_reaches_its_bleu_on_a_test_slice(multi30k):
     assert scores["bleu"] >= recorded["bleu"] - 0.5, (scores, recorded)
     assert scores["chrf"] >= recorded["chrf"] - 0.5
     assert metrics["size_bytes"] <= 40 * 2**20
+
+
+def test_shipped_model_serves_the_current_signatures():
+    """The shipped SavedModel is an export of this version: a scalar string
+    and a single row of ids are each a batch of one, with the same answer as
+    in a batch; an id outside the vocabulary is an error that says so."""
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    loaded = tf.saved_model.load(str(SHIPPED))
+    with open(SHIPPED / "keras_transformer.json") as f:
+        end_id = json.load(f)["special_ids"]["end_id"]
+    serve = loaded.signatures["serving_default"]
+    one = serve(text=tf.constant("A dog runs in the park."))["translation"]
+    batch = serve(text=tf.constant(["A dog runs in the park."]))["translation"]
+    assert one.shape == (1,) and one.numpy()[0] == batch.numpy()[0] != b""
+    by_ids = loaded.signatures["translate_ids"]
+    row = tf.constant([25, 40, 7, end_id], tf.int32)
+    np.testing.assert_array_equal(
+        by_ids(source_ids=row)["target_ids"].numpy(),
+        by_ids(source_ids=row[None])["target_ids"].numpy(),
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="source vocabulary"):
+        by_ids(source_ids=tf.constant([[25, 10**6, end_id]], tf.int32))
