@@ -10,6 +10,17 @@ import sys
 import time
 
 
+def _positive_int(text):
+    """argparse type: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
 def _add_training_args(parser):
     from keras_transformer.training import TrainingConfig
 
@@ -37,10 +48,11 @@ def _add_training_args(parser):
         "lr_scale": "factor on the schedule's learning rate",
         "label_smoothing": "epsilon_ls of section 5.4",
     }
+    positive = ("batch_size", "epochs")
     for name in ("max_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
                  "epochs", "warmup_steps", "seed", "max_train_pairs"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name),
-                            help=f"{helps[name]} (default: %(default)s)")
+        parser.add_argument("--" + name.replace("_", "-"), type=_positive_int if name in positive else int,
+                            default=getattr(defaults, name), help=f"{helps[name]} (default: %(default)s)")
     for name in ("lr_scale", "label_smoothing"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=f"{helps[name]} (default: %(default)s)")
@@ -54,7 +66,7 @@ def _add_training_args(parser):
 def _decoding_args(parser):
     parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy decoding")
     parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
     parser.add_argument("--jit-compile", action="store_true",
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
 
@@ -64,8 +76,8 @@ def _load_saved_model(path):
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
-        raise SystemExit(
-            f"error: {path} is not a SavedModel folder (no saved_model.pb); pass a folder "
+        raise FileNotFoundError(
+            f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
             "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
         )
     signature = tf.saved_model.load(path).signatures["serving_default"]
@@ -137,7 +149,7 @@ def cmd_translate(args):
     lines = args.text or [line.rstrip("\n") for line in sys.stdin]
     if args.plot_attention:
         if not args.run:
-            raise SystemExit("--plot-attention needs --run (the SavedModel returns no weights).")
+            raise ValueError("--plot-attention needs --run (the SavedModel returns no weights).")
         if not lines:
             raise ValueError("--plot-attention needs a sentence: pass it as an argument or on stdin.")
         from keras_transformer.plotting import plot_attention
@@ -214,7 +226,7 @@ def main(argv=None):
     model.add_argument("--saved-model", help="exported SavedModel folder")
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
-    p.add_argument("--limit", type=int, help="first N sentences only")
+    p.add_argument("--limit", type=_positive_int, help="first N sentences only")
     p.add_argument("--output", help="write the translations here")
     p.add_argument("--checkpoint", default="best", choices=["best", "last"])
     _decoding_args(p)
@@ -242,7 +254,7 @@ def main(argv=None):
 
     p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")
     p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--epochs", type=_positive_int, default=12)
     p.add_argument("--train-pairs", type=int, default=6000)
     p.set_defaults(func=cmd_demo)
 

@@ -120,6 +120,7 @@ def load_run(output_dir, which="best"):
 
     Raises:
         FileNotFoundError: if the folder holds no trained model.
+        ValueError: if the model file exists but cannot be loaded.
     """
     config_path = os.path.join(output_dir, "config.json")
     if not os.path.exists(config_path):
@@ -133,7 +134,14 @@ def load_run(output_dir, which="best"):
     for name in names:
         path = os.path.join(output_dir, name)
         if os.path.exists(path):
-            model = keras.saving.load_model(path, compile=False)
+            try:
+                model = keras.saving.load_model(path, compile=False)
+            except (ValueError, OSError) as error:
+                # Keras reports a truncated zip as "File not found".
+                raise ValueError(
+                    f"{path} exists but cannot be read as a Keras model (truncated or "
+                    f"corrupt?): {error}. Use --checkpoint last, or train again."
+                ) from error
             break
     else:
         raise FileNotFoundError(
@@ -171,10 +179,18 @@ _FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff
                 "norm_first", "activation")
 
 
+# Files that make a run folder a run to continue: tokenizers and weights.
+# A folder with only `config.json` (a run that failed before training its
+# tokenizers, e.g. on a mistyped file name) starts afresh with new settings.
+_TRAINED_FILES = ("source.model", "target.model", "model.keras", "best.keras", "checkpoints")
+
+
 def _check_resumable(out, config, model_config):
     """Refuse to resume a run folder with settings its files do not fit."""
     path = os.path.join(out, "config.json")
     if not os.path.exists(path):
+        return
+    if not any(os.path.exists(os.path.join(out, name)) for name in _TRAINED_FILES):
         return
     with open(path) as f:
         saved = json.load(f)
@@ -208,6 +224,13 @@ def train(config, verbose=1):
 
     Returns:
         `(model, source_tokenizer, target_tokenizer)` after the last epoch.
+
+    Raises:
+        ValueError: for an unknown preset, only one validation file,
+            `epochs` or `batch_size` below 1, misaligned or empty files,
+            or a run folder whose tokenizers or weights do not fit the
+            settings (checked before anything is written).
+        FileNotFoundError: if a training or validation file is missing.
     """
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
@@ -217,6 +240,13 @@ def train(config, verbose=1):
             "Pass both validation files (--val-src and --val-tgt) or neither; "
             f"got val_src={config.val_src!r}, val_tgt={config.val_tgt!r}."
         )
+    for name in ("epochs", "batch_size"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    for path in filter(None, (config.train_src, config.train_tgt, config.val_src, config.val_tgt)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")
     os.makedirs(out, exist_ok=True)
     _check_resumable(out, config, model_config)
     # Written before the tokenizers are trained, so that a run cut short

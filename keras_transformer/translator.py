@@ -351,6 +351,10 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
 
     Returns:
         list of `str`, aligned with `lines`.
+
+    Raises:
+        TypeError: if `lines` is one string rather than a list.
+        ValueError: if `batch_size` is not a positive int.
     """
     import keras
 
@@ -359,6 +363,8 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
             "translate_lines takes a list of sentences, not one string; "
             "wrap it as [sentence]."
         )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive int; got {batch_size!r}.")
     order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
     results = [None] * len(lines)
     bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None

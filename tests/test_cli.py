@@ -79,11 +79,81 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     assert "nope" in err and "not a training run folder" in err
 
 
-def test_missing_saved_model_folder_is_a_clear_error(tmp_path):
+def test_missing_saved_model_folder_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["translate", "--saved-model", str(tmp_path / "nope"), "A dog."])
-    message = str(info.value.code)
-    assert "nope" in message and "not a SavedModel folder" in message
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("keras-transformer translate: error:")
+    assert "nope" in err and "not a SavedModel folder" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["translate", "--run", "r", "--batch-size", "0", "A dog."],
+    ["evaluate", "--run", "r", "--src", "s", "--ref", "t", "--limit", "0"],
+    ["train", "--train-src", "s", "--train-tgt", "t", "--epochs", "0"],
+    ["train", "--train-src", "s", "--train-tgt", "t", "--batch-size", "-3"],
+    ["demo", "--epochs", "0"],
+])
+def test_counts_below_one_are_refused_by_name(argv, capsys):
+    """A zero batch size, limit or epoch count names its flag (was `range()
+    arg 3 must not be zero`, or a run that trained nothing and said so
+    only at the next command)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    flag = next(a for a in argv if a in ("--batch-size", "--limit", "--epochs"))
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be at least 1" in err, err
+
+
+def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
+    from keras_transformer.training import TrainingConfig, train
+    from keras_transformer.translator import translate_lines
+
+    with pytest.raises(ValueError, match="`batch_size` must be a positive int; got 0"):
+        translate_lines(lambda batch: batch, ["a"], batch_size=0)
+    with pytest.raises(ValueError, match="`epochs` must be a positive integer; got 0"):
+        train(TrainingConfig(train_src="s", train_tgt="t", epochs=0,
+                             output_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path):
+    """A folder with only the config.json of a run that stopped before its
+    tokenizers were trained takes new settings; one with tokenizers or
+    weights refuses them (they would not fit)."""
+    from keras_transformer.training import TrainingConfig, _check_resumable
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = TrainingConfig(train_src="s", train_tgt="t", src_vocab_size=8000)
+    new = TrainingConfig(train_src="s", train_tgt="t", src_vocab_size=200)
+    (run / "config.json").write_text(json.dumps(
+        {"training": {"src_vocab_size": 8000}, "model": old.model_config()}))
+    _check_resumable(str(run), new, new.model_config())  # nothing trained yet: fine
+    (run / "source.model").write_text("")
+    with pytest.raises(ValueError, match="src_vocab_size 8000 -> 200"):
+        _check_resumable(str(run), new, new.model_config())
+
+
+def test_missing_training_file_is_refused_before_the_run_folder_is_made(tmp_path, capsys):
+    run = tmp_path / "run"
+    err = _train_error(["--train-src", str(tmp_path / "missing.en"), "--train-tgt",
+                        str(tmp_path / "missing.de"), "--output-dir", str(run)], capsys)
+    assert "missing.en is not a file" in err
+    assert not run.exists()
+
+
+def test_truncated_model_file_is_reported_as_corrupt_not_missing(tmp_path):
+    from keras_transformer.training import load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "best.keras").write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    with pytest.raises(ValueError, match="exists but cannot be read"):
+        load_run(str(run))
 
 
 def _train_error(args, capsys):
