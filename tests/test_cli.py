@@ -182,3 +182,13 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     err = _train_error(["--train-src", str(binary), "--train-tgt", str(binary),
                         "--output-dir", str(run)], capsys)
     assert "binary.dat is not UTF-8 text" in err
+
+
+def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
+    """The run folder does not exist either: the missing --src is reported
+    first, so a typo does not cost a model load."""
+    with pytest.raises(SystemExit) as info:
+        main(["evaluate", "--run", str(tmp_path / "no-run"), "--src", str(tmp_path / "typo.en"),
+              "--ref", str(tmp_path / "typo.de")])
+    assert info.value.code == 1
+    assert "typo.en is not a file" in capsys.readouterr().err
