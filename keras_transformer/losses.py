@@ -39,10 +39,11 @@ def _tf_softmax_cross_entropy(ids, logits, label_smoothing):
     `softmax(x) - target` written out, target `(1 - eps) * onehot(ids) +
     eps / V`.
 
-    The same values as `tf.nn.(sparse_)softmax_cross_entropy_with_logits`.
-    Those kernels compute the loss and its gradient in one single-threaded
-    pass; these multi-threaded ops take 27 ms instead of 43 ms forward and
-    backward on bench-small's 1,550 x 8,000 logits (2 cores).
+    The same values as `tf.nn.(sparse_)softmax_cross_entropy_with_logits`,
+    whose kernels compute the loss and its gradient in one pass; these
+    plain ops are faster on CPU: 27 ms instead of 43 ms forward and backward
+    on bench-small's 1,550 x 8,000 logits on 2 cores (52 against 78 ms on
+    one core; 58 against 91 ms with label smoothing 0.1).
 
     Args:
         ids: int32 `(...)`, valid target ids.
