@@ -1,6 +1,7 @@
 """Transformer layers, written with `keras.ops` for every Keras backend."""
 
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import merge_masks
 from keras_transformer.layers.masks import padding_mask

@@ -1,12 +1,13 @@
 """The residual connection around every sub-layer (section 3.1 and 5.4)."""
 
-import keras
 from keras import ops
+
+from keras_transformer.layers.layer_normalization import LayerNormalization
 
 
 def make_layer_norm(epsilon, dtype, name):
     """A LayerNormalization over the last axis, as every block uses."""
-    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    return LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
 
 def residual(inputs, sublayer, norm, dropout, norm_first, training=None):

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.output_projection import OutputProjection
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.transformer_decoder import TransformerDecoder
@@ -127,7 +128,7 @@ def build_transformer(
     for i in range(num_layers):
         x = TransformerEncoder(name=f"encoder_layer_{i}", **block_args)(x)
     if norm_first:
-        x = keras.layers.LayerNormalization(
+        x = LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
         )(x)
 
@@ -139,7 +140,7 @@ def build_transformer(
     for i in range(num_decoder_layers):
         y = TransformerDecoder(name=f"decoder_layer_{i}", **block_args)(y, x)
     if norm_first:
-        y = keras.layers.LayerNormalization(
+        y = LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_final_norm"
         )(y)
     logits = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")(y)
