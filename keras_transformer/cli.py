@@ -139,9 +139,9 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
 
 
 def cmd_evaluate(args):
-    for path in (args.src, args.ref):  # before the model load, which takes seconds
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")
+    from keras_transformer.data.text_files import check_files
+
+    check_files(args.src, args.ref)  # before the model load, which takes seconds
     scores = evaluate_files(_translate_fn(args), args.src, args.ref, args.batch_size, args.limit, args.output)
     print(json.dumps(scores, indent=2))
 

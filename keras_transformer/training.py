@@ -21,6 +21,8 @@ import warnings
 import keras
 
 from keras_transformer.data.pipeline import make_dataset
+from keras_transformer.data.text_files import check_files
+from keras_transformer.data.text_files import read_lines
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models.presets import get_preset
@@ -244,15 +246,12 @@ def train(config, verbose=1):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-    for path in filter(None, (config.train_src, config.train_tgt, config.val_src, config.val_tgt)):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")
+    check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None)
     os.makedirs(out, exist_ok=True)
     _check_resumable(out, config, model_config)
     # Written before the tokenizers are trained, so that a run cut short
     # still records what its tokenizers were asked for.
     _write_run_config(out, config, model_config)
-    from keras_transformer.data.text_files import read_lines
 
     src_lines = read_lines(config.train_src)
     tgt_lines = read_lines(config.train_tgt)

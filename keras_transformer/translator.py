@@ -356,8 +356,6 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
         TypeError: if `lines` is one string rather than a list.
         ValueError: if `batch_size` is not a positive int.
     """
-    import keras
-
     if isinstance(lines, (str, bytes)):
         raise TypeError(
             "translate_lines takes a list of sentences, not one string; "

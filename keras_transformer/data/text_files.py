@@ -10,6 +10,20 @@ def _is_gzip(path):
     return os.fspath(path).endswith(".gz")
 
 
+def check_files(*paths):
+    """Raise before any work if a text file to read is not there.
+
+    Args:
+        *paths: str or path-like; None entries (optional files) are skipped.
+
+    Raises:
+        FileNotFoundError: naming the first path that is not a file.
+    """
+    for path in paths:
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")
+
+
 def read_lines(path):
     """Reads a UTF-8 text file (plain or `.gz`) into a list of lines.
 
