@@ -43,3 +43,27 @@ def pytest_report_header(config):
     import keras
 
     return f"keras backend={keras.backend.backend()}"
+
+
+def gradient_of(fn, x):
+    """d fn(x) / dx on the current backend, as NumPy."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.gradient(y, x).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(fn)(x))
+    import torch
+
+    x = torch.tensor(x, requires_grad=True)
+    fn(x).backward()
+    return x.grad.numpy()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from conftest import gradient_of
 from conftest import to_numpy
 from keras_transformer.layers import LayerNormalization
 from keras_transformer.layers import MultiHeadAttention
@@ -356,6 +357,99 @@ def test_unpadding_drops_and_restores_padding():
     np.testing.assert_array_equal(packed, x[mask])
     np.testing.assert_array_equal(to_numpy(unpadding.indices), [0, 2, 6, 7])
     np.testing.assert_array_equal(to_numpy(unpadding.pad(packed)), np.where(mask[..., None], x, 0.0))
+
+
+def test_unpadding_moves_heads_and_its_gradients_are_the_moves_back():
+    """`pad_heads`/`unpad_heads` against NumPy, with the gradient of each
+    move equal to the opposite move of the upstream gradient."""
+    from keras_transformer.layers.unpadding import Unpadding
+
+    mask = np.array([[True, False, True], [False, False, False], [True, True, False]])
+    tokens, parts, heads, depth = 4, 3, 2, 5
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(tokens, parts * heads * depth)).astype("float32")
+    # NumPy: (tokens, parts, heads, depth) -> padded (batch, length, ...) ->
+    # (parts, batch, heads, length, depth)
+    padded = np.zeros((3, 3, parts, heads, depth), "float32")
+    padded[mask] = x.reshape(tokens, parts, heads, depth)
+    expected = padded.transpose(2, 0, 3, 1, 4)
+    unpadding = Unpadding(mask)
+    got = [to_numpy(t) for t in unpadding.pad_heads(x, heads, parts=parts)]
+    for part in range(parts):
+        np.testing.assert_array_equal(got[part], expected[part])
+        np.testing.assert_array_equal(
+            to_numpy(unpadding.unpad_heads(expected[part])),
+            x.reshape(tokens, parts, heads * depth)[:, part],
+        )
+    # Gradients: sum(w * pad_heads(x)) -> w at the real positions, and
+    # sum(w * unpad_heads(y)) -> w padded back with zeros.
+    w = rng.normal(size=expected.shape).astype("float32")
+
+    def padded_sum(t):
+        return ops.sum(ops.stack(Unpadding(mask).pad_heads(t, heads, parts=parts)) * ops.convert_to_tensor(w))
+
+    expected_grad = w.transpose(1, 3, 0, 2, 4)[mask].reshape(tokens, -1)
+    np.testing.assert_allclose(gradient_of(padded_sum, x), expected_grad, atol=1e-6)
+    w_tokens = rng.normal(size=(tokens, heads * depth)).astype("float32")
+
+    def unpadded_sum(t):
+        return ops.sum(Unpadding(mask).unpad_heads(t) * ops.convert_to_tensor(w_tokens))
+
+    y = expected[0]
+    grad_padded = np.zeros((3, 3, heads, depth), "float32")
+    grad_padded[mask] = w_tokens.reshape(tokens, heads, depth)
+    np.testing.assert_allclose(
+        gradient_of(unpadded_sum, y), grad_padded.transpose(0, 2, 1, 3), atol=1e-6
+    )
+    # unpad/pad: the same for a (batch, length, features) tensor.
+    z = rng.normal(size=(3, 3, 4)).astype("float32")
+    w_z = rng.normal(size=(tokens, 4)).astype("float32")
+    np.testing.assert_allclose(
+        gradient_of(lambda t: ops.sum(Unpadding(mask).unpad(t) * ops.convert_to_tensor(w_z)), z),
+        _scatter(mask, w_z),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        gradient_of(lambda t: ops.sum(Unpadding(mask).pad(t) * ops.convert_to_tensor(z)), w_z),
+        z[mask],
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    "value_dim,cross,key_padding",
+    [(None, False, False), (12, False, False), (None, True, True), (12, True, True), (None, True, False)],
+)
+def test_attention_on_real_tokens_equals_the_padded_call(value_dim, cross, key_padding):
+    """`MultiHeadAttention(..., unpadding=...)` gives the padded call's
+    output at the real query tokens: self- and cross-attention, d_v != d_k,
+    keys with and without their own `key_unpadding`."""
+    from keras_transformer.layers.unpadding import Unpadding
+
+    rng = np.random.default_rng(11)
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=value_dim)
+    query_mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+    key_mask = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
+    query = rng.normal(size=(3, 4, 16)).astype("float32")
+    memory = rng.normal(size=(3, 5, 16)).astype("float32") if cross else query
+    mask = (key_mask if cross else query_mask)[:, None, :]
+    padded = to_numpy(layer(query, memory, attention_mask=mask))
+    unpadding = Unpadding(query_mask)
+    tokens = unpadding.unpad(query)
+    unpadded = layer(
+        tokens,
+        memory if cross else tokens,
+        attention_mask=mask,
+        unpadding=unpadding,
+        key_unpadding=Unpadding(key_mask) if key_padding else None,
+    )
+    np.testing.assert_allclose(to_numpy(unpadded), padded[query_mask], atol=1e-5)
+
+
+def _scatter(mask, rows):
+    out = np.zeros(mask.shape + rows.shape[1:], rows.dtype)
+    out[mask] = rows
+    return out
 
 
 def test_blocks_in_training_skip_padding_and_keep_real_outputs():

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from keras import ops
 
+from conftest import gradient_of
+from conftest import to_numpy
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.losses import masked_loss
 from keras_transformer.losses import per_token_loss
@@ -12,10 +14,6 @@ from keras_transformer.losses import per_token_loss
 PAD = 0
 SMOOTHED_C23 = 0.490753  # CE against 0.9*onehot + 0.1/4, CASES.md C23
 UNSMOOTHED_C23 = 0.340753
-
-
-def to_numpy(x):
-    return np.asarray(ops.convert_to_numpy(x))
 
 
 def np_token_nll(labels, logits):
@@ -48,28 +46,6 @@ def test_c23_smoothed_and_unsmoothed_values():
     assert float(to_numpy(loss(labels, logits))) == pytest.approx(
         SMOOTHED_C23, abs=1e-5
     )
-
-
-def gradient_of(fn, x):
-    """d fn(x) / dx on the current backend, as NumPy."""
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        x = tf.constant(x)
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        return tape.gradient(y, x).numpy()
-    if backend == "jax":
-        import jax
-
-        return np.asarray(jax.grad(fn)(x))
-    import torch
-
-    x = torch.tensor(x, requires_grad=True)
-    fn(x).backward()
-    return x.grad.numpy()
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])

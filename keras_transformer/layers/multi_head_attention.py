@@ -70,13 +70,41 @@ def scaled_dot_product_attention(
     """
     key_dim = ops.shape(query)[-1]
     query = ops.multiply(query, ops.cast(1.0 / math.sqrt(key_dim), query.dtype))
-    scores = ops.einsum("bqhd,bkhd->bhqk", query, key)
+    return _attention(
+        query, key, value, mask, dropout, training, "bqhd,bkhd->bhqk", "bhqk,bkhd->bqhd"
+    )
+
+
+def heads_first_attention(query, key, value, mask=None, dropout=None, training=None):
+    """Equation (1) on heads-first tensors whose query is already scaled.
+
+    The same function as `scaled_dot_product_attention`, for inputs laid out
+    `(batch, num_heads, length, depth)` (as `Unpadding.pad_heads` gives
+    them): both products are plain batched matmuls, with no transposes.
+
+    Args:
+        query: `(batch, num_heads, query_length, key_dim)`, times
+            `1 / sqrt(key_dim)`.
+        key: `(batch, num_heads, key_length, key_dim)`.
+        value: `(batch, num_heads, key_length, value_dim)`.
+        mask, dropout, training: as in `scaled_dot_product_attention`.
+
+    Returns:
+        `(output (batch, num_heads, query_length, value_dim), weights
+        (batch, num_heads, query_length, key_length) float32)`.
+    """
+    return _attention(
+        query, key, value, mask, dropout, training, "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd"
+    )
+
+
+def _attention(query, key, value, mask, dropout, training, scores_equation, output_equation):
+    scores = ops.einsum(scores_equation, query, key)
     weights = masked_softmax(scores, mask)
     attended = ops.cast(weights, value.dtype)
     if dropout is not None:
         attended = dropout(attended, training=training)
-    output = ops.einsum("bhqk,bkhd->bqhd", attended, value)
-    return output, weights
+    return ops.einsum(output_equation, attended, value), weights
 
 
 def attention_bias(mask):
@@ -99,7 +127,7 @@ def attention_bias(mask):
 _FUSED_ATTENTION = {"torch": True}
 
 
-def fused_dot_product_attention(query, key, value, mask=None):
+def fused_dot_product_attention(query, key, value, mask=None, scale=None):
     """Equation (1) through `keras.ops.dot_product_attention`.
 
     The same values as `scaled_dot_product_attention` (no dropout, no
@@ -112,12 +140,14 @@ def fused_dot_product_attention(query, key, value, mask=None):
         value: `(batch, key_length, num_heads, value_dim)`.
         mask: optional bool, broadcastable to `(batch, num_heads,
             query_length, key_length)`, True where allowed.
+        scale: optional float, the factor of the scores; None means
+            `1 / sqrt(key_dim)` (1.0 for a query that already carries it).
 
     Returns:
         `(batch, query_length, num_heads, value_dim)` in the dtype of `query`.
     """
     if mask is None:
-        return ops.dot_product_attention(query, key, value)
+        return ops.dot_product_attention(query, key, value, scale=scale)
     mask = ops.cast(mask, "bool")
     full = (
         ops.shape(query)[0],
@@ -126,7 +156,7 @@ def fused_dot_product_attention(query, key, value, mask=None):
         ops.shape(key)[1],
     )
     mask = ops.broadcast_to(mask, full)
-    output = ops.dot_product_attention(query, key, value, mask=mask)
+    output = ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
     # (batch, heads, query) -> (batch, query, heads, 1)
     keep = ops.expand_dims(ops.transpose(ops.any(mask, axis=-1), (0, 2, 1)), -1)
     return ops.where(keep, output, ops.zeros_like(output))
@@ -222,6 +252,9 @@ class MultiHeadAttention(keras.layers.Layer):
             the projections skip the padding, and only the attention itself
             runs on the padded `(batch, query_length, ...)` layout. For
             self-attention pass the same tensor as `query` and `value`.
+        key_unpadding: optional `Unpadding` of `value` (cross-attention
+            with `unpadding`, no separate `key`): the key and value
+            projections then skip its padding too.
 
     Returns:
         float tensor `(batch, query_length, output_dim)` (`(tokens,
@@ -331,34 +364,34 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
 
-    def _input_projection(self, include_key_value, scale_query):
-        """Query (and key, value) kernels as one 2-D matrix, plus its bias.
+    def _input_projection(self, denses, scale_query):
+        """Kernels of `denses` as one 2-D matrix, plus the joined bias.
+
+        Args:
+            denses: some of `query_dense`, `key_dense`, `value_dense`, in
+                the order their columns should have.
+            scale_query: bool; the query columns then carry the
+                `1 / sqrt(key_dim)` of equation (1).
 
         Returns:
-            `(kernel (d_model, h * key_dim [+ h * key_dim + h * value_dim]),
-            bias or None)` in the compute dtype; with `scale_query`, the
-            query columns carry the `1 / sqrt(key_dim)` of equation (1).
+            `(kernel (d_model, sum of h * depth), bias or None)` in the
+            compute dtype.
         """
         dtype = self.compute_dtype
-        denses = [self.query_dense]
-        if include_key_value:
-            denses += [self.key_dense, self.value_dense]
-        factors = [1.0 / math.sqrt(self.key_dim) if scale_query else 1.0]
-        factors += [1.0] * (len(denses) - 1)
 
-        def flat(tensor, shape, factor):
+        def flat(dense, tensor, shape):
             tensor = ops.reshape(ops.cast(tensor, dtype), shape)
-            return tensor * ops.cast(factor, dtype) if factor != 1.0 else tensor
+            if scale_query and dense is self.query_dense:
+                tensor = tensor * ops.cast(1.0 / math.sqrt(self.key_dim), dtype)
+            return tensor
 
         def joined(tensors, axis):
             return tensors[0] if len(tensors) == 1 else ops.concatenate(tensors, axis=axis)
 
-        kernel = joined(
-            [flat(d.kernel, (d.kernel.shape[0], -1), f) for d, f in zip(denses, factors)], 1
-        )
+        kernel = joined([flat(d, d.kernel, (d.kernel.shape[0], -1)) for d in denses], 1)
         bias = None
         if self.use_bias:
-            bias = joined([flat(d.bias, (-1,), f) for d, f in zip(denses, factors)], 0)
+            bias = joined([flat(d, d.bias, (-1,)) for d in denses], 0)
         return kernel, bias
 
     def fused_projection_weights(self, include_key_value=True):
@@ -374,7 +407,10 @@ class MultiHeadAttention(keras.layers.Layer):
             h * value_dim])`, `"bias"` (or None), `"output_kernel"`
             `(h * value_dim, output_dim)` and `"output_bias"` (or None).
         """
-        kernel, bias = self._input_projection(include_key_value, scale_query=True)
+        denses = [self.query_dense]
+        if include_key_value:
+            denses += [self.key_dense, self.value_dense]
+        kernel, bias = self._input_projection(denses, scale_query=True)
         output_kernel, output_bias = self._output_projection()
         return {
             "kernel": kernel,
@@ -394,7 +430,7 @@ class MultiHeadAttention(keras.layers.Layer):
         bias = ops.cast(self.output_dense.bias, dtype) if self.use_bias else None
         return kernel, bias
 
-    def project_self_attention(self, inputs, unpadding=None):
+    def project_self_attention(self, inputs):
         """Q, K and V of a self-attention with one fused matmul.
 
         The three kernels are concatenated along the output axis (the
@@ -402,17 +438,16 @@ class MultiHeadAttention(keras.layers.Layer):
         layout), so one `(d_model, 3 * h * d_k)` product replaces three.
 
         Args:
-            inputs: `(batch, length, d_model)`, or `(tokens, d_model)` with
-                `unpadding`.
-            unpadding: optional `Unpadding`: project the real tokens only,
-                then pad the result back.
+            inputs: `(batch, length, d_model)`.
 
         Returns:
             `(query, key, value)`, each `(batch, length, num_heads, key_dim
             | value_dim)`; the query is not yet scaled.
         """
-        kernel, bias = self._input_projection(True, scale_query=False)
-        fused = self._padded(self._matmul(inputs, kernel, bias), unpadding)
+        kernel, bias = self._input_projection(
+            [self.query_dense, self.key_dense, self.value_dense], scale_query=False
+        )
+        fused = self._matmul(inputs, kernel, bias)
         qk = self.num_heads * self.key_dim
         query, key, value = ops.split(fused, [qk, 2 * qk], axis=-1)
         batch, length = ops.shape(fused)[0], ops.shape(fused)[1]
@@ -427,32 +462,52 @@ class MultiHeadAttention(keras.layers.Layer):
         x = ops.matmul(x, kernel)
         return x if bias is None else x + bias
 
-    @staticmethod
-    def _padded(x, unpadding):
-        return x if unpadding is None else unpadding.pad(x)
+    def _attend_unpadded(
+        self, query, key, value, mask, unpadding, key_unpadding, training, need_weights
+    ):
+        """`call` for a query given as its real tokens `(tokens, d_model)`.
 
-    def _attend_unpadded(self, query, key, value, mask, unpadding, training, need_weights):
-        """`call` for a query given as its real tokens `(tokens, d_model)`."""
+        Projections run on real tokens; `Unpadding.pad_heads` lays the
+        heads out as `(batch, heads, length, depth)` in the same gather
+        that restores the padding, and `unpad_heads` takes them back.
+        """
+        heads, key_dim, value_dim = self.num_heads, self.key_dim, self.value_dim
+        same_dims = key_dim == value_dim
         if key is None and value is query:
-            q, k, v = self.project_self_attention(query, unpadding)
-        else:
-            kernel, bias = self._input_projection(False, scale_query=False)
-            q = self._padded(self._matmul(query, kernel, bias), unpadding)
-            q = ops.reshape(
-                q, (unpadding.batch, unpadding.length, self.num_heads, self.key_dim)
+            kernel, bias = self._input_projection(
+                [self.query_dense, self.key_dense, self.value_dense], scale_query=True
             )
-            k, v = self.project_key_value(value, key)
-        attended, weights = self._attend_heads(q, k, v, mask, training, need_weights)
-        attended = ops.reshape(
-            attended,
-            (unpadding.batch, unpadding.length, self.num_heads * self.value_dim),
+            qkv = self._matmul(query, kernel, bias)
+            if same_dims:
+                q, k, v = unpadding.pad_heads(qkv, heads, parts=3)
+            else:
+                q, k, v = ops.split(qkv, [heads * key_dim, 2 * heads * key_dim], axis=-1)
+                (q,), (k,), (v,) = (unpadding.pad_heads(t, heads) for t in (q, k, v))
+        else:
+            kernel, bias = self._input_projection([self.query_dense], scale_query=True)
+            (q,) = unpadding.pad_heads(self._matmul(query, kernel, bias), heads)
+            if key is None and key_unpadding is not None and same_dims:
+                kernel, bias = self._input_projection(
+                    [self.key_dense, self.value_dense], scale_query=False
+                )
+                kv = self._matmul(key_unpadding.unpad(value), kernel, bias)
+                k, v = key_unpadding.pad_heads(kv, heads, parts=2)
+            else:
+                k, v = self.project_key_value(value, key)
+                k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
+        attended, weights = self._attend_heads(
+            q, k, v, mask, training, need_weights, heads_first=True
         )
         output_kernel, output_bias = self._output_projection()
-        output = self._matmul(unpadding.unpad(attended), output_kernel, output_bias)
+        output = self._matmul(unpadding.unpad_heads(attended), output_kernel, output_bias)
         return output, weights
 
-    def _attend_heads(self, query, key, value, mask, training, need_weights=True):
-        """Attention per head: `(batch, query_length, heads, value_dim)`.
+    def _attend_heads(
+        self, query, key, value, mask, training, need_weights=True, heads_first=False
+    ):
+        """Attention per head: `(batch, query_length, heads, value_dim)`, or
+        with `heads_first` (query already scaled, see
+        `heads_first_attention`) `(batch, heads, query_length, value_dim)`.
 
         Returns `(attended, weights)`. Without `need_weights`, and with no
         attention dropout to apply, the backend's fused kernel runs instead
@@ -464,8 +519,13 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
         dropout = self.dropout_rate and training
         if not need_weights and not dropout and _FUSED_ATTENTION.get(keras.backend.backend()):
-            return fused_dot_product_attention(query, key, value, mask), None
-        return scaled_dot_product_attention(
+            if not heads_first:
+                return fused_dot_product_attention(query, key, value, mask), None
+            query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
+            attended = fused_dot_product_attention(query, key, value, mask, scale=1.0)
+            return ops.transpose(attended, (0, 2, 1, 3)), None
+        attention = heads_first_attention if heads_first else scaled_dot_product_attention
+        return attention(
             query,
             key,
             value,
@@ -505,6 +565,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
         unpadding=None,
+        key_unpadding=None,
     ):
         self_attention = key is None and (value is None or value is query)
         value = query if value is None else value
@@ -521,7 +582,14 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if unpadding is not None:
             output, weights = self._attend_unpadded(
-                query, key, value, mask, unpadding, training, return_attention_scores
+                query,
+                key,
+                value,
+                mask,
+                unpadding,
+                key_unpadding,
+                training,
+                return_attention_scores,
             )
         else:
             if self_attention:

@@ -209,6 +209,9 @@ class TransformerDecoder(TransformerBlock):
         # In training, the position-wise work runs on the real target tokens
         # only (see `unpadding.py`); the output is padded back with zeros.
         unpadding = Unpadding.create(inputs_mask, training)
+        source_unpadding = None
+        if unpadding is not None:
+            source_unpadding = Unpadding.create(encoder_outputs_mask, training)
         x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def self_attend(x):
@@ -232,6 +235,7 @@ class TransformerDecoder(TransformerBlock):
                 return_attention_scores=return_attention_scores,
                 training=training,
                 unpadding=unpadding,
+                key_unpadding=source_unpadding,
             )
             return result if return_attention_scores else (result, None)
 
