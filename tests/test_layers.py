@@ -246,6 +246,41 @@ def test_get_config_round_trip(layer):
     assert type(restored) is type(original)
 
 
+def test_dropout_drops_at_rate_keeps_expectation_and_masks_the_gradient():
+    """Training: a share `rate` of zeros (to 2^-16), kept values scaled to
+    keep the mean, a fresh mask per call, the gradient through the same
+    mask; inference: identity; config round trip."""
+    from keras_transformer.layers import Dropout
+
+    layer = Dropout(0.1, seed=3)
+    x = np.full((500, 2000), 2.0, "float32")
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
+    first, second = to_numpy(layer(x, training=True)), to_numpy(layer(x, training=True))
+    for y in (first, second):
+        dropped = y == 0.0
+        # 1e6 draws: the share of zeros is within 5 standard deviations (3e-4).
+        assert abs(dropped.mean() - 0.1) < 1.5e-3
+        kept = np.unique(y[~dropped])
+        assert len(kept) == 1
+        # Exactly unbiased for the rate as applied: kept * (1 - p) == x.
+        assert abs(y.mean() - 2.0) < 5e-3
+    assert 0.05 < (first != second).mean() < 0.25
+    if keras.backend.backend() == "tensorflow":
+        p = 6554 / 65536  # round(0.1 * 2^16) / 2^16
+        np.testing.assert_allclose(kept, 2.0 / (1 - p), rtol=1e-6)
+        import tensorflow as tf
+
+        w = np.random.default_rng(0).normal(size=x.shape).astype("float32")
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            y = layer(xt, training=True)
+            total = tf.reduce_sum(y * w)
+        grad = tape.gradient(total, xt).numpy()
+        np.testing.assert_allclose(grad, w * y.numpy() / 2.0, rtol=1e-6)
+    assert Dropout.from_config(layer.get_config()).rate == 0.1
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 8), (7, 8)])
 def test_layer_normalization_equals_keras_values_and_gradients(shape):
     """Our LayerNormalization (hand-written gradient on TensorFlow) against

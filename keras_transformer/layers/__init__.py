@@ -1,5 +1,6 @@
 """Transformer layers, written with `keras.ops` for every Keras backend."""
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.masks import causal_mask

@@ -5,8 +5,9 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers.masks import key_padding_to_attention_mask
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import causal_mask
+from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
 
 # Added to blocked scores before the softmax. The softmax always runs in
@@ -348,7 +349,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense.build(
             (query_shape[0], query_shape[1], self.num_heads, self.value_dim)
         )
-        self.attention_dropout = keras.layers.Dropout(
+        self.attention_dropout = Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="attention_dropout"
         )
         self.built = True

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
@@ -135,7 +136,7 @@ class TransformerDecoder(TransformerBlock):
                 self.layer_norm_epsilon, dtype, f"{prefix}_layer_norm"
             )
             norm.build(inputs_shape)
-            drop = keras.layers.Dropout(
+            drop = Dropout(
                 self.dropout_rate, dtype=dtype, name=f"{prefix}_dropout"
             )
             return norm, drop

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
@@ -77,7 +78,7 @@ class TransformerEncoder(TransformerBlock):
             self.layer_norm_epsilon, dtype, "self_attention_layer_norm"
         )
         self.self_attention_layer_norm.build(input_shape)
-        self.self_attention_dropout = keras.layers.Dropout(
+        self.self_attention_dropout = Dropout(
             self.dropout_rate, dtype=dtype, name="self_attention_dropout"
         )
         self.feedforward = FeedForward(
@@ -92,7 +93,7 @@ class TransformerEncoder(TransformerBlock):
             self.layer_norm_epsilon, dtype, "feedforward_layer_norm"
         )
         self.feedforward_layer_norm.build(input_shape)
-        self.feedforward_dropout = keras.layers.Dropout(
+        self.feedforward_dropout = Dropout(
             self.dropout_rate, dtype=dtype, name="feedforward_dropout"
         )
         self.built = True

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.output_projection import OutputProjection
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
@@ -124,7 +125,7 @@ def build_transformer(
         src_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
         name="encoder_embedding",
     )(encoder_inputs)
-    x = keras.layers.Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
+    x = Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
     for i in range(num_layers):
         x = TransformerEncoder(name=f"encoder_layer_{i}", **block_args)(x)
     if norm_first:
@@ -136,7 +137,7 @@ def build_transformer(
         tgt_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
         name="decoder_embedding",
     )(decoder_inputs)
-    y = keras.layers.Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
+    y = Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
     for i in range(num_decoder_layers):
         y = TransformerDecoder(name=f"decoder_layer_{i}", **block_args)(y, x)
     if norm_first:
