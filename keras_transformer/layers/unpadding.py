@@ -16,6 +16,8 @@ and in TensorFlow functions with `jit_compile=True`, `Unpadding.create`
 returns `None` and the layers keep the padded layout.
 """
 
+import math
+
 import keras
 from keras import ops
 
@@ -132,7 +134,7 @@ class Unpadding:
         """`(batch, length, ...)` -> `(tokens, ...)`, the real tokens only."""
         features = tuple(x.shape[2:])
         to_padded, to_tokens = self._head_gathers(1, 1)
-        rows = ops.reshape(x, (-1, _size(features)))
+        rows = ops.reshape(x, (-1, math.prod(features)))
         rows = gather_rows(rows, to_tokens, to_padded, zero_row=False)
         return ops.reshape(rows, (-1,) + features)
 
@@ -140,7 +142,7 @@ class Unpadding:
         """`(tokens, ...)` -> `(batch, length, ...)`, zeros at padding."""
         features = tuple(x.shape[1:])
         to_padded, to_tokens = self._head_gathers(1, 1)
-        rows = ops.reshape(x, (-1, _size(features)))
+        rows = ops.reshape(x, (-1, math.prod(features)))
         rows = gather_rows(rows, to_padded, to_tokens, zero_row=True)
         return ops.reshape(rows, (self.batch, self.length) + features)
 
@@ -166,13 +168,6 @@ class Unpadding:
         rows = ops.reshape(x, (-1, depth))
         rows = gather_rows(rows, to_tokens, to_padded, zero_row=False)
         return ops.reshape(rows, (-1, num_heads * depth))
-
-
-def _size(features):
-    size = 1
-    for dim in features:
-        size *= dim
-    return size
 
 
 def _take_rows(rows, index, zero_row):
