@@ -112,6 +112,16 @@ def test_shuffle_is_seeded(corpus, tokenizers):
     )
 
 
+def test_autotune_is_off_and_epochs_repeat_the_same_batches_count(corpus, tokenizers):
+    """tf.data's autotuner is off (it stalled `fit` for seconds at epoch
+    boundaries, see `make_dataset`); each epoch still yields every example."""
+    en, de = corpus
+    ds = make_dataset(en, de, *tokenizers, batch_size=16, max_length=12, seed=7)
+    assert ds.options().autotune.enabled is False
+    counts = [sum(int(x["encoder_inputs"].shape[0]) for x, _ in ds) for _ in range(2)]
+    assert counts[0] == counts[1] == len(collect(make_dataset(en, de, *tokenizers, batch_size=1, max_length=12, shuffle=False)))
+
+
 def test_tokens_per_batch_bucketing(corpus, tokenizers):
     en, de = corpus
     ds = make_dataset(
