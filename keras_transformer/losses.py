@@ -155,7 +155,7 @@ def per_token_loss(
     if unpadded is not None:
         # Back to (batch, T). A real label over a padded decoder input has 0
         # logits, whose cross-entropy is log(vocab) with or without smoothing.
-        computed = unpadding.pad(ops.ones_like(losses)) > 0.5
+        computed = unpadding.mask
         log_vocab = ops.log(ops.cast(vocab, "float32"))
         losses = ops.where(computed, unpadding.pad(losses), log_vocab)
     losses = ops.where(mask, losses, ops.zeros_like(losses))

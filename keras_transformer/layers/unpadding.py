@@ -59,6 +59,7 @@ class Unpadding:
         mask: bool tensor `(batch, length)`, True at real tokens.
 
     Attributes:
+        mask: the bool `(batch, length)` mask it was made from.
         batch, length: the padded shape (ints or scalar int tensors).
         indices: int32 `(tokens,)`, the flat positions `b * length + t` of
             the real tokens, in row-major order.
@@ -76,6 +77,7 @@ class Unpadding:
 
     def __init__(self, mask):
         mask = ops.cast(mask, "bool")
+        self.mask = mask
         shape = ops.shape(mask)
         self.batch, self.length = shape[0], shape[1]
         self._real = ops.reshape(mask, (-1,))
