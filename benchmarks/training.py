@@ -30,8 +30,10 @@ tensorflow without XLA and on torch; the peers compute every padded
 position.
 FLOPs are counted as 3x the forward matmul FLOPs of the non-padding tokens
 (2 per multiply-add; projections, feed-forward, logits, and the attention
-score and value products over the real lengths); softmax, LayerNorm and
-embedding lookups are not counted.
+score and value products over the real lengths), each on the tokens it runs
+on: the encoder and the decoder's cross-attention keys and values per source
+token, the rest of the decoder and the logits per target token; softmax,
+LayerNorm and embedding lookups are not counted.
 """
 
 import argparse
@@ -123,12 +125,16 @@ def build_tutorial():
 def useful_flops(src_lengths, tgt_lengths):
     """3 x forward matmul FLOPs of the real tokens of one batch (see module doc)."""
     d, f = D_MODEL, DFF
-    enc_token = LAYERS * (2 * 4 * d * d + 2 * 2 * d * f)
-    dec_token = LAYERS * (2 * 8 * d * d + 2 * 2 * d * f) + 2 * d * VOCAB
+    # Per source token: the encoder's Q, K, V, O and feed-forward, and each
+    # decoder layer's cross-attention K and V (projected from the encoder's
+    # output). Per target token: the decoder's self-attention Q, K, V, O,
+    # cross-attention Q and O, feed-forward, and the logits.
+    src_token = LAYERS * (2 * 4 * d * d + 2 * 2 * d * f) + LAYERS * 2 * 2 * d * d
+    tgt_token = LAYERS * (2 * 6 * d * d + 2 * 2 * d * f) + 2 * d * VOCAB
     total = 0
     for s, t in zip(src_lengths, tgt_lengths):
         attention = LAYERS * (2 * 2 * s * s * d + 2 * 2 * t * t * d / 2 + 2 * 2 * t * s * d)
-        total += s * enc_token + t * dec_token + attention
+        total += s * src_token + t * tgt_token + attention
     return 3 * total
 
 
