@@ -18,6 +18,7 @@ from keras_transformer.layers import PositionalEmbedding
 from keras_transformer.layers import TransformerDecoder
 from keras_transformer.layers import TransformerEncoder
 from keras_transformer.layers import causal_mask
+from keras_transformer.layers import embedding_lookup
 from keras_transformer.layers import scaled_dot_product_attention
 from keras_transformer.layers import sinusoidal_encoding
 
@@ -112,6 +113,35 @@ def test_c09_positional_embedding_scales_and_limits_length():
     # start_index embeds a later position (cached decoding).
     step = to_numpy(layer(ids[:, 3:4], start_index=3))
     np.testing.assert_allclose(step[0, 0], out[0, 3], atol=1e-5)
+
+
+def test_embedding_gradient_is_the_dense_sum_over_repeated_ids():
+    """The token table's gradient sums the rows of repeated ids and is dense:
+    Keras 3's Adam squares each `tf.IndexedSlices` slice before summing, a
+    wrong second moment for every repeated token (start, end, frequent words)."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(6, 3)).astype("float32")
+    ids = np.array([[1, 4, 1], [1, 0, 4]], "int32")
+    upstream = rng.normal(size=(2, 3, 3)).astype("float32")
+    np.testing.assert_array_equal(to_numpy(embedding_lookup(table, ids)), table[ids])
+    want = np.zeros_like(table)
+    np.add.at(want, ids, upstream)
+    weights = ops.convert_to_tensor(upstream)
+    got = gradient_of(lambda t: ops.sum(embedding_lookup(t, ids) * weights), table)
+    assert isinstance(got, np.ndarray) and got.shape == table.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+    # Through the layer, to its variable: a dense tensor on every backend.
+    layer = PositionalEmbedding(vocab_size=6, d_model=4, max_length=3)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(ids) * rng.normal(size=(2, 3, 4)).astype("float32"))
+        gradient = tape.gradient(loss, layer.embeddings.value)
+        assert not isinstance(gradient, tf.IndexedSlices)
+        assert float(tf.reduce_sum(tf.abs(gradient[1]))) > 0
+        np.testing.assert_array_equal(gradient.numpy()[[2, 3, 5]], 0.0)
 
 
 def test_positional_embedding_mask():

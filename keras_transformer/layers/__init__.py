@@ -13,6 +13,7 @@ from keras_transformer.layers.multi_head_attention import (
     scaled_dot_product_attention,
 )
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
+from keras_transformer.layers.positional_embedding import embedding_lookup
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 from keras_transformer.layers.transformer_decoder import TransformerDecoder
 from keras_transformer.layers.transformer_encoder import TransformerEncoder

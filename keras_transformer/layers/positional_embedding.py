@@ -32,6 +32,45 @@ def sinusoidal_encoding(max_length, d_model):
     return encoding.astype("float32")
 
 
+def embedding_lookup(table, ids):
+    """Rows of `table` at `ids`, with a dense gradient on TensorFlow.
+
+    TensorFlow's gradient of a gather is a `tf.IndexedSlices`: one slice per
+    occurrence of an id. Keras 3's optimizers apply their elementwise ops to
+    those slices before summing them, so Adam's second moment of a token
+    that occurs `n` times gets `g_1^2 + ... + g_n^2` instead of
+    `(g_1 + ... + g_n)^2`: a wrong step for every token repeated in a batch
+    (start, end, frequent words). Here the gradient is the summed dense
+    `(vocab_size, d_model)` tensor, which the optimizers had to build from
+    the slices anyway. Other backends already give a dense gradient.
+
+    Args:
+        table: float tensor or variable, `(vocab_size, d_model)`.
+        ids: int tensor of any shape, values in `[0, vocab_size)`.
+
+    Returns:
+        Tensor of shape `ids.shape + (d_model,)`, dtype of `table`.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return ops.take(table, ids, axis=0)
+    import tensorflow as tf
+
+    table = tf.convert_to_tensor(table)
+    ids = tf.cast(ids, "int32") if ids.dtype not in (tf.int32, tf.int64) else ids
+
+    @tf.custom_gradient
+    def lookup(rows):
+        def grad(upstream):
+            flat = tf.reshape(upstream, [-1, tf.shape(rows)[-1]])
+            return tf.math.unsorted_segment_sum(
+                flat, tf.reshape(ids, [-1]), tf.shape(rows)[0]
+            )
+
+        return tf.gather(rows, ids), grad
+
+    return lookup(table)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionalEmbedding(keras.layers.Layer):
     """Token embedding times sqrt(d_model), plus the sinusoidal encoding.
@@ -168,7 +207,7 @@ class PositionalEmbedding(keras.layers.Layer):
             # in parallel and the slice's own error may come first.
             with tf.control_dependencies([check]):
                 inputs = tf.identity(inputs)
-        embedded = self.token_embedding(inputs)
+        embedded = self._lookup(inputs)
         embedded = ops.multiply(
             embedded, ops.cast(self.d_model**0.5, embedded.dtype)
         )
@@ -179,6 +218,13 @@ class PositionalEmbedding(keras.layers.Layer):
             (length, self.d_model),
         )
         return embedded + ops.cast(positions, embedded.dtype)[None]
+
+    def _lookup(self, inputs):
+        layer = self.token_embedding
+        if layer.quantization_mode is not None or layer.lora_enabled:
+            return layer(inputs)
+        # `keras.layers.Embedding.call`, with a dense gradient on TensorFlow.
+        return ops.cast(embedding_lookup(layer.embeddings, inputs), layer.compute_dtype)
 
     def compute_mask(self, inputs, mask=None):
         if self.pad_id is None:
