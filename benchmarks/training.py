@@ -52,6 +52,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentropy  # noqa: E402
+from keras_transformer import Adam  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
 
@@ -60,7 +61,7 @@ VOCAB, D_MODEL, HEADS, DFF, LAYERS, MAX_LEN, BATCH = 8000, 256, 4, 1024, 3, 40, 
 
 def build_ours(jit_compile="auto", dtype=None):
     model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN, dtype=dtype)
-    model.compile(keras.optimizers.Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
+    model.compile(Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
                   metrics=[MaskedAccuracy()], jit_compile=jit_compile)
     return model
 

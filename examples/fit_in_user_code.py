@@ -26,7 +26,7 @@ val_ds = kt.make_dataset(val_en, val_de, src_tok, tgt_tok, max_length=32, shuffl
 # 3. The model, the paper's schedule, masked loss with label smoothing.
 model = kt.build_from_preset("tiny", src_tok.vocab_size, tgt_tok.vocab_size, max_length=32)
 model.compile(
-    optimizer=keras.optimizers.Adam(kt.WarmupSchedule(d_model=128, warmup_steps=300), beta_2=0.98, epsilon=1e-9),
+    optimizer=kt.Adam(kt.WarmupSchedule(d_model=128, warmup_steps=300), beta_2=0.98, epsilon=1e-9),
     loss=kt.MaskedSparseCategoricalCrossentropy(label_smoothing=0.1),
     metrics=[kt.MaskedAccuracy()],
 )

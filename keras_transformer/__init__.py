@@ -23,6 +23,7 @@ from keras_transformer.metrics import masked_accuracy
 from keras_transformer.models import PRESETS
 from keras_transformer.models import build_from_preset
 from keras_transformer.models import build_transformer
+from keras_transformer.optimizers import Adam
 from keras_transformer.schedules import WarmupSchedule
 
 __version__ = "0.1.0"

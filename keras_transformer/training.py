@@ -27,6 +27,7 @@ from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_transformer
+from keras_transformer.optimizers import Adam
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import train_subword_tokenizer
@@ -299,7 +300,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
     model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
     schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     model.compile(
-        optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
+        optimizer=Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
         metrics=[MaskedAccuracy()],
         jit_compile=config.jit_compile,

@@ -25,12 +25,14 @@ import keras
 import numpy as np
 from keras_transformer import MaskedSparseCategoricalCrossentropy, build_transformer
 from keras_transformer.distribution import data_parallel_scope, num_replicas
+from keras_transformer.optimizers import Adam
 
-def make():
+def make(optimizer=None):
     keras.utils.set_random_seed(0)
     model = build_transformer(30, 30, num_layers=1, d_model=16, num_heads=2, dff=32,
                               dropout_rate=0.0, max_length=8)
-    model.compile(keras.optimizers.SGD(0.5), MaskedSparseCategoricalCrossentropy(label_smoothing=0.1))
+    model.compile(optimizer or keras.optimizers.SGD(0.5),
+                  MaskedSparseCategoricalCrossentropy(label_smoothing=0.1))
     return model
 
 # Global batch of 4: rows 0-1 go to device 0, rows 2-3 to device 1; each
@@ -56,11 +58,22 @@ if backend == "tensorflow":
     placed = len(getattr(kernel, "values", ()))  # a MirroredVariable holds one copy per device
 else:
     placed = len(kernel.sharding.device_set)  # replicated over the mesh
+# Our Adam (a fused kernel per variable on tensorflow) updates each replica's
+# copy as Keras's Adam does.
+adam = []
+for optimizer in (Adam, keras.optimizers.Adam):
+    with data_parallel_scope("data_parallel"):
+        model = make(optimizer(0.01))
+        model.set_weights(w0)
+        model.fit(x, lab, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    adam.append(model.get_weights())
 print("RESULT " + json.dumps({
     "replicas": replicas,
     "placed": placed,
     "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(w1, w2)),
     "moved": max(float(np.abs(a - b).max()) for a, b in zip(w0, w1)),
+    "adam_diff": max(float(np.abs(a - b).max()) for a, b in zip(*adam)),
+    "adam_moved": max(float(np.abs(a - b).max()) for a, b in zip(w0, adam[0])),
 }))
 """
 
@@ -78,6 +91,7 @@ def test_one_data_parallel_step_on_two_devices_equals_one_device(backend):
     assert result["replicas"] == 2 and result["placed"] == 2  # really on two devices
     assert result["moved"] > 1e-3  # the step did change the weights
     assert result["max_diff"] < 1e-5, result
+    assert result["adam_moved"] > 1e-3 and result["adam_diff"] < 1e-5, result
 
 
 TRAIN_SCRIPT = r"""
