@@ -22,7 +22,10 @@ class Adam(keras.optimizers.Adam):
     the same kernel under `jit_compile`). On bench-small (11.5M parameters,
     `benchmarks/training.py`) a training step on 2 CPU cores takes about
     16 ms less (444 against 460 ms). Other backends, `amsgrad=True`, and
-    variables of other dtypes use Keras's own update. Weight decay, gradient
+    variables of other dtypes use Keras's own update: on jax the same
+    values; on torch Keras's generic update, because Keras swaps in its
+    torch-native Adam for `keras.optimizers.Adam` itself only (the same
+    formula, equal up to float32 rounding). Weight decay, gradient
     clipping, gradient accumulation, EMA and loss scaling are Keras's and
     apply as they do there.
 
@@ -63,6 +66,10 @@ class Adam(keras.optimizers.Adam):
         step = tf.cast(self.iterations + 1, dtype)
 
         def constant(value):
+            # tf.constant keeps a Python float exact in float64 (a cast of
+            # one would round it to float32 first).
+            if isinstance(value, (int, float)):
+                return tf.constant(value, dtype)
             return tf.cast(value, dtype)
 
         tf.raw_ops.ResourceApplyAdam(

@@ -124,6 +124,10 @@ def test_embedding_gradient_is_the_dense_sum_over_repeated_ids():
     ids = np.array([[1, 4, 1], [1, 0, 4]], "int32")
     upstream = rng.normal(size=(2, 3, 3)).astype("float32")
     np.testing.assert_array_equal(to_numpy(embedding_lookup(table, ids)), table[ids])
+    for given in (ids.tolist(), 3, (1, 2), ids.astype("int64")):  # as ops.take takes them
+        np.testing.assert_array_equal(
+            to_numpy(embedding_lookup(table, given)), table[np.asarray(given)]
+        )
     want = np.zeros_like(table)
     np.add.at(want, ids, upstream)
     weights = ops.convert_to_tensor(upstream)

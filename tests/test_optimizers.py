@@ -58,6 +58,23 @@ def test_adam_equals_keras_adam_and_the_numpy_formula(amsgrad):
             np.testing.assert_allclose(a, e, rtol=0, atol=2e-6)
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="the fused kernel; jax without x64 has no float64, Keras's torch update rounds to float32",
+)
+def test_adam_in_float64_equals_the_numpy_formula_to_float64_rounding():
+    rng = np.random.default_rng(3)
+    weights = [rng.normal(size=(4, 3))]
+    gradients = [[rng.normal(size=(4, 3))] for _ in range(3)]
+    variables = [keras.Variable(weights[0], dtype="float64")]
+    optimizer = Adam(0.1, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    for (gradient,) in gradients:
+        optimizer.apply([keras.ops.convert_to_tensor(gradient, "float64")], variables)
+    rate = float(np.float32(0.1))  # Keras keeps the learning rate in a float32 variable
+    (expected,) = numpy_adam(weights, gradients, [rate] * 3, 0.9, 0.98, 1e-9)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variables[0]), expected, rtol=1e-12)
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.IndexedSlices")
 def test_adam_takes_the_sparse_gradient_of_an_embedding_as_dense():
     import tensorflow as tf

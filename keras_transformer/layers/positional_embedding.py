@@ -46,7 +46,8 @@ def embedding_lookup(table, ids):
 
     Args:
         table: float tensor or variable, `(vocab_size, d_model)`.
-        ids: int tensor of any shape, values in `[0, vocab_size)`.
+        ids: ints of any shape (tensor, array, list or int), values in
+            `[0, vocab_size)`; other dtypes are cast to int32.
 
     Returns:
         Tensor of shape `ids.shape + (d_model,)`, dtype of `table`.
@@ -56,7 +57,9 @@ def embedding_lookup(table, ids):
     import tensorflow as tf
 
     table = tf.convert_to_tensor(table)
-    ids = tf.cast(ids, "int32") if ids.dtype not in (tf.int32, tf.int64) else ids
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in (tf.int32, tf.int64):
+        ids = tf.cast(ids, "int32")
 
     @tf.custom_gradient
     def lookup(rows):
