@@ -112,13 +112,13 @@ The checkpoint was chosen by validation loss; nothing was tuned on the test set.
   d_model {mc['d_model']}, {mc['num_heads']} heads, dff {mc['dff']}, dropout {mc['dropout_rate']},
   max_length {mc['max_length']}; source vocabulary {mc['src_vocab_size']}, target {mc['tgt_vocab_size']}
   (separate SentencePiece unigram models, cased, no lowercasing).
-- Training: Adam (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
+- Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
   scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']}, length-bucketed batches of about
   {tc['tokens_per_batch']} tokens per side, seed {tc['seed']}.
 - Trained {m['epochs_trained']} epochs ({m['steps']} steps); best validation loss at
   epoch {m['best_epoch']}, which is the shipped checkpoint.
-- Wall time: {m['train_seconds'] / 3600:.1f} h of training on {m['hardware']} (the two cores were
-  shared with development work during the run, so the time is an upper bound).
+- Wall time: {m['train_seconds'] / 3600:.1f} h of training ({m['train_seconds']} s, the validation
+  after each epoch included) on {m['hardware']}.
 - Weights stored in float16 (computation in float32); SavedModel size {m['size_bytes'] / 2**20:.1f} MiB.
 
 ## Reproduce
