@@ -4,6 +4,7 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 """
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -63,12 +64,31 @@ def _add_training_args(parser):
                              "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")
 
 
+# Decoding settings of a run; a SavedModel has its own, fixed by `export`.
+_RUN_DECODING = {"beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False}
+
+
 def _decoding_args(parser):
-    parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy decoding")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="GNMT alpha")
+    parser.add_argument("--beam-size", type=int, help="1 for greedy decoding (default: 4)")
+    parser.add_argument("--length-penalty", type=float, help="GNMT alpha (default: 0.6)")
     parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
-    parser.add_argument("--jit-compile", action="store_true",
+    parser.add_argument("--jit-compile", action="store_true", default=None,
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
+    parser.add_argument("--checkpoint", choices=["best", "last"], help="which weights of the run (default: best)")
+
+
+def _check_saved_model_args(args):
+    """Refuse the run-only decoding options with `--saved-model`: the
+    SavedModel's search was fixed when it was exported, and ignoring them
+    would give another search than the one asked for."""
+    given = [name for name in _RUN_DECODING if getattr(args, name, None) is not None]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(
+            f"{flags} apply to --run only: a SavedModel decodes with the settings it was "
+            "exported with. Drop them, or export again with them (`keras-transformer export "
+            "--run RUN --output DIR --beam-size N ...`)."
+        )
 
 
 def _load_saved_model(path):
@@ -87,6 +107,7 @@ def _load_saved_model(path):
 def _translate_fn(args):
     """A `(batch,) tf.string -> (batch,) tf.string` function for the args."""
     if getattr(args, "saved_model", None):
+        _check_saved_model_args(args)
         return _load_saved_model(args.saved_model)
     translator = _translator(args)
     return lambda batch: translator.serve(batch)["translation"]
@@ -96,9 +117,10 @@ def _translator(args):
     from keras_transformer.training import load_run
     from keras_transformer.translator import Translator
 
-    model, src, tgt, _ = load_run(args.run, which=getattr(args, "checkpoint", "best"))
-    return Translator(model, src, tgt, beam_size=args.beam_size, length_penalty=args.length_penalty,
-                      jit_compile=getattr(args, "jit_compile", False))
+    settings = {name: default if getattr(args, name, None) is None else getattr(args, name)
+                for name, default in _RUN_DECODING.items()}
+    model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
+    return Translator(model, src, tgt, **settings)
 
 
 def cmd_train(args):
@@ -149,7 +171,20 @@ def cmd_evaluate(args):
 def cmd_translate(args):
     from keras_transformer.translator import translate_lines
 
-    lines = args.text or [line.rstrip("\n") for line in sys.stdin]
+    if args.text:
+        lines = args.text
+        for number, line in enumerate(lines, 1):
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"text argument {number} is not UTF-8 text; pass UTF-8 text (or lines on stdin)."
+                ) from None
+    else:
+        from keras_transformer.data.text_files import read_text_lines
+
+        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
+        lines = read_text_lines(stdin, "stdin")
     if args.plot_attention:
         if not args.run:
             raise ValueError("--plot-attention needs --run (the SavedModel returns no weights).")
@@ -231,7 +266,6 @@ def main(argv=None):
     p.add_argument("--ref", required=True)
     p.add_argument("--limit", type=_positive_int, help="first N sentences only")
     p.add_argument("--output", help="write the translations here")
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
     _decoding_args(p)
     p.set_defaults(func=cmd_evaluate)
 
@@ -240,7 +274,6 @@ def main(argv=None):
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="run folder written by train")
     source.add_argument("--saved-model", help="exported SavedModel folder")
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
     p.add_argument("--plot-attention", metavar="FILE.png",
                    help="draw the cross-attention of the first sentence, one panel per head")
     _decoding_args(p)
@@ -249,7 +282,6 @@ def main(argv=None):
     p = commands.add_parser("export", help="write a SavedModel that translates strings")
     p.add_argument("--run", required=True)
     p.add_argument("--output", required=True)
-    p.add_argument("--checkpoint", default="best", choices=["best", "last"])
     p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
                    help="float16 halves the SavedModel; computation stays float32")
     _decoding_args(p)

@@ -192,3 +192,47 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
               "--ref", str(tmp_path / "typo.de")])
     assert info.value.code == 1
     assert "typo.en is not a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
+                                   ["--jit-compile"], ["--checkpoint", "last"]])
+def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, extra):
+    """A SavedModel decodes as it was exported: `--beam-size 1` with
+    `--saved-model` used to be accepted and ignored (a beam-4 answer to a
+    greedy request). Refused before the model is loaded, naming the flag."""
+    for command in (["translate", "--saved-model", str(tmp_path), "A dog."],
+                    ["evaluate", "--saved-model", str(tmp_path), "--src", __file__, "--ref", __file__]):
+        with pytest.raises(SystemExit) as info:
+            main(command + extra)
+        assert info.value.code == 1
+        err = capsys.readouterr().err
+        assert extra[0] in err and "apply to --run only" in err, err
+
+
+def _echo_translate(monkeypatch, stdin_bytes):
+    """Run `translate` on stdin with a model that returns its input."""
+    import io
+
+    import keras_transformer.cli as cli
+
+    monkeypatch.setattr(cli, "_translate_fn", lambda args: lambda batch: batch)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin_bytes)))
+    main(["translate", "--saved-model", "unused"])
+
+
+def test_translate_reads_stdin_lines_as_the_file_readers_do(monkeypatch, capsys):
+    """A "\\r\\n" line ending is stripped (it reached the model as part of the
+    sentence and changed the translation); blank lines and inner spaces stay."""
+    _echo_translate(monkeypatch, "A dog runs.\r\n\r\n Zwei  Männer \nlast".encode("utf-8"))
+    assert capsys.readouterr().out.split("\n") == ["A dog runs.", "", " Zwei  Männer ", "last", ""]
+
+
+def test_non_utf8_stdin_and_arguments_are_clear_errors(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as info:
+        _echo_translate(monkeypatch, b"Caf\xe9 au lait\n")
+    assert info.value.code == 1
+    assert "stdin is not UTF-8 text" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["translate", "--saved-model", "unused", "fine", "Caf\udce9"])  # as argv decodes b"\xe9"
+    assert info.value.code == 1
+    assert "text argument 2 is not UTF-8 text" in capsys.readouterr().err

@@ -50,14 +50,31 @@ def read_lines(path):
     ```
     """
     opener = gzip.open if _is_gzip(path) else open
+    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+        return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
+
+
+def read_text_lines(stream, name, expected="UTF-8 text, one sentence per line"):
+    """The lines of an open text stream, split and stripped as `read_lines` does.
+
+    Args:
+        stream: a text stream opened with `encoding="utf-8", newline="\\n"`
+            (e.g. `io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8",
+            newline="\\n")`), so that a `"\\r\\n"` ending reaches this
+            function and is stripped here.
+        name: str, what the stream is, for the error message ("stdin").
+        expected: str, what to pass instead, for the error message.
+
+    Returns:
+        list of `str`, one per line, without `"\\n"` or `"\\r\\n"`.
+
+    Raises:
+        ValueError: if the stream is not UTF-8 text (naming `name`).
+    """
     try:
-        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-            return [line.rstrip("\n").removesuffix("\r") for line in f]
+        return [line.rstrip("\n").removesuffix("\r") for line in stream]
     except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); "
-            "pass a UTF-8 text file, one sentence per line (plain or .gz)."
-        ) from None
+        raise ValueError(f"{name} is not UTF-8 text ({error.reason}); pass {expected}.") from None
 
 
 def read_parallel(src_path, tgt_path):
