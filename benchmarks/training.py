@@ -27,8 +27,9 @@ default`, not compared with the peers).
 
 Reported per contender: non-padding target tokens/s (median of the timed
 steps after warm-up), step time, useful FLOP/s as a share of the float32
-matmul peak measured in the same run (a 2048^3 product; the rate of one of
-the model's own matmul shapes is printed beside it), and the ratio of
+matmul peak measured in the same run (the best of three timings of a 2048^3
+product; the rate of one of the model's own matmul shapes is printed beside
+it), and the ratio of
 `ours` to each peer. In training, `ours` runs its position-wise layers and
 logits on the real tokens only (`keras_transformer.layers.unpadding`) on
 tensorflow without XLA and on torch; the peers compute every padded
@@ -163,9 +164,11 @@ def matmul_rate(m, k, n, seconds=3.0):
     return count * 2 * m * k * n / (time.perf_counter() - start)
 
 
-def matmul_peak(seconds=3.0):
-    """The machine's float32 matmul peak: a 2048 x 2048 x 2048 product."""
-    return matmul_rate(2048, 2048, 2048, seconds)
+def matmul_peak(seconds=3.0, windows=3):
+    """The machine's float32 matmul peak: a 2048 x 2048 x 2048 product, the
+    best of `windows` timings that share `seconds` (other work on the machine
+    slows one window; a lone sample once read half the peak)."""
+    return max(matmul_rate(2048, 2048, 2048, seconds / windows) for _ in range(windows))
 
 
 def random_batches(n, rng):
@@ -247,6 +250,8 @@ def report(title, rows):
     print(f"{'contender':{width}} {'tokens/s':>10} {'step ms':>9} {'% matmul peak':>14} {'padding':>8}")
     for name, r in rows.items():
         print(f"{name:{width}} {r['tokens_per_s']:10.0f} {r['step_ms']:9.0f} {100 * r['peak_share']:13.1f}% {100 * r['padding']:7.1f}%")
+    if any(r["peak_share"] > 1 for r in rows.values()):
+        print("warning: a share above 100% means the peak was measured low (a busy machine?); run again")
     for name in rows:
         if not name.startswith("ours"):
             print(f"ours / {name}: x{rows['ours']['tokens_per_s'] / rows[name]['tokens_per_s']:.2f} tokens/s")
