@@ -216,7 +216,8 @@ def _echo_translate(monkeypatch, stdin_bytes):
     import keras_transformer.cli as cli
 
     monkeypatch.setattr(cli, "_translate_fn", lambda args: lambda batch: batch)
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin_bytes)))
+    # As CPython opens stdin on POSIX: no newline translation, so "\r\n" arrives.
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin_bytes), newline="\n"))
     main(["translate", "--saved-model", "unused"])
 
 
