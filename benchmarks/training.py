@@ -149,26 +149,29 @@ def useful_flops(src_lengths, tgt_lengths):
     return 3 * total
 
 
-def matmul_rate(m, k, n, seconds=3.0):
-    """float32 FLOP/s of one `(m, k) @ (k, n)` matmul, repeated."""
+def matmul_rate(m, k, n, seconds=3.0, windows=3):
+    """float32 FLOP/s of one `(m, k) @ (k, n)` matmul, repeated: the best of
+    `windows` timings that share `seconds` (other work on the machine slows
+    one window; a lone sample once read half the peak)."""
     import tensorflow as tf
 
     a = tf.random.normal((m, k))
     b = tf.random.normal((k, n))
     f = tf.function(lambda: tf.matmul(a, b))
     f().numpy()
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        f().numpy()
-        count += 1
-    return count * 2 * m * k * n / (time.perf_counter() - start)
+    rates = []
+    for _ in range(windows):
+        count, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / windows:
+            f().numpy()
+            count += 1
+        rates.append(count * 2 * m * k * n / (time.perf_counter() - start))
+    return max(rates)
 
 
-def matmul_peak(seconds=3.0, windows=3):
-    """The machine's float32 matmul peak: a 2048 x 2048 x 2048 product, the
-    best of `windows` timings that share `seconds` (other work on the machine
-    slows one window; a lone sample once read half the peak)."""
-    return max(matmul_rate(2048, 2048, 2048, seconds / windows) for _ in range(windows))
+def matmul_peak(seconds=3.0):
+    """The machine's float32 matmul peak: a 2048 x 2048 x 2048 product."""
+    return matmul_rate(2048, 2048, 2048, seconds)
 
 
 def random_batches(n, rng):
@@ -340,7 +343,7 @@ def main():
     peak = matmul_peak(1.0 if args.quick else 3.0)
     # The model's own matmuls are smaller: the feed-forward input projection
     # of a batch's ~1,536 real tokens is what "% of peak" is up against.
-    shaped = max(matmul_rate(1536, D_MODEL, DFF, 0.3 if args.quick else 1.0) for _ in range(3))
+    shaped = matmul_rate(1536, D_MODEL, DFF, 1.0 if args.quick else 3.0)
     print(f"backend {keras.backend.backend()}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s "
           f"(2048^3); {shaped / 1e9:.1f} GFLOP/s ({100 * shaped / peak:.0f}%) at the "
           f"feed-forward shape 1536x{D_MODEL} @ {D_MODEL}x{DFF}")
