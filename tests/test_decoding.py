@@ -135,6 +135,119 @@ def test_c20_finished_beams_stop_and_are_distinct():
         assert abs(want - score) < 1e-4
 
 
+class MarkovParts(ScriptedParts):
+    """A fake model whose logits depend on the step and the last token
+    only, `table[step, last_token]` (`(max_length, vocab, vocab)`).
+    Counts its decoding steps (on backends whose loops run the body once
+    per step; jax traces it once)."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, "float32")
+        self.max_length, self.vocab_size = self.table.shape[:2]
+        self.steps = 0
+
+    def decode_step(self, token_ids, index, caches, cross, mask, weights=None):
+        self.steps += 1
+        rows = ops.take(ops.convert_to_tensor(self.table), index, axis=0)
+        return ops.take(rows, token_ids, axis=0), caches
+
+
+def random_table(seed, length=9, vocab=12):
+    """Random logits with END likelier at later steps, so that hypotheses
+    finish at different steps."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(0.0, 1.5, (length, vocab, vocab))
+    table[:, :, END] += np.linspace(-1.0, 2.0, length)[:, None]
+    table[:, :, PAD] = -50.0
+    return table
+
+
+def reference_beam_search(table, beam_size, alpha, n_best):
+    """NumPy beam search on a `MarkovParts` table that runs every hypothesis
+    to its end or the limit (no early stop). Returns `(tokens, scores,
+    steps)`, best first; `steps` is when every hypothesis had finished."""
+    length, vocab = table.shape[0], table.shape[1]
+    log_probs = table - np.log(np.exp(table).sum(-1, keepdims=True))
+
+    def normalised(hyp):
+        return hyp[1] / ((5.0 + len(hyp[0])) / 6.0) ** alpha
+
+    beams, steps = [((), 0.0, False)], None  # (tokens, log P, finished)
+    for t in range(length):
+        candidates = []
+        for tokens, score, finished in beams:
+            if finished:
+                candidates.append((tokens, score, True))
+                continue
+            last = tokens[-1] if tokens else START
+            allowed = [END] if t + 1 >= length else range(vocab)
+            for v in allowed:
+                candidates.append((tokens + (v,), score + log_probs[t, last, v], v == END))
+        candidates.sort(key=lambda hyp: -normalised(hyp))
+        beams = candidates[:beam_size]
+        if steps is None and all(hyp[2] for hyp in beams):
+            steps = t + 1
+    best = sorted(beams, key=lambda hyp: -normalised(hyp))[:n_best]
+    tokens = np.full((n_best, length), PAD, "int32")
+    for row, hyp in enumerate(best):
+        tokens[row, : len(hyp[0])] = hyp[0]
+    return tokens, np.array([normalised(hyp) for hyp in best], "float32"), steps
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("beam_size, n_best", [(1, 1), (3, 1), (4, 2), (4, 4)])
+def test_beam_search_equals_reference_without_early_stop(alpha, beam_size, n_best):
+    """Stopping once the n-best are beyond reach returns exactly what
+    decoding every hypothesis to its end returns (NumPy reference), in no
+    more steps than it takes every hypothesis to finish."""
+    counting = keras.backend.backend() != "jax"
+    fewer_steps = 0
+    for seed in range(6):
+        parts = MarkovParts(random_table(seed))
+        tokens, scores = beam_search(
+            parts, np.ones((1, 1), "int32"), start_id=START, end_id=END,
+            beam_size=beam_size, n_best=n_best, length_penalty=alpha,
+        )
+        want_tokens, want_scores, all_finished = reference_beam_search(
+            parts.table, beam_size, alpha, n_best
+        )
+        np.testing.assert_array_equal(to_numpy(tokens)[0], want_tokens)
+        np.testing.assert_allclose(to_numpy(scores)[0], want_scores, atol=1e-4)
+        if counting:
+            assert parts.steps <= all_finished
+            fewer_steps += parts.steps < all_finished
+    if counting and n_best < beam_size and alpha <= 0.6:
+        # The early stop was exercised (with alpha = 2 the bound
+        # log P / lp(limit) is too loose for it to come before the end).
+        assert fewer_steps > 0
+
+
+def test_beam_search_stops_once_the_best_is_beyond_reach():
+    """The best hypothesis (4, END) ends at step 2 with log P = -0.02;
+    the runner-up (7, 7, ...) never ends and is already below it, so a
+    1-best search stops after 2 steps, with or without length penalty.
+    The 4-best must wait for the runners-up, forced to end at the limit."""
+    if keras.backend.backend() == "jax":
+        pytest.skip("jax's while_loop traces the body once: steps are not countable")
+    length, vocab = 8, 10
+    table = np.full((length, vocab, vocab), -6.0)
+    table[0, START, 4], table[0, START, 7] = 0.0, -1.0
+    table[:, 4, END] = 0.0
+    table[:, 7, 7] = 0.0
+    table[:, :, PAD] = -50.0
+    for alpha in (0.0, 0.6):
+        steps = {}
+        for n_best in (1, 4):
+            parts = MarkovParts(table)
+            tokens, _ = beam_search(
+                parts, np.ones((1, 1), "int32"), start_id=START, end_id=END, beam_size=4,
+                n_best=n_best, length_penalty=alpha,
+            )
+            np.testing.assert_array_equal(to_numpy(tokens)[0, 0, :2], [4, END])
+            steps[n_best] = parts.steps
+        assert steps == {1: 2, 4: length}, (alpha, steps)
+
+
 def test_length_penalty_is_gnmt_formula():
     value = to_numpy(length_penalty_factor(np.array([1, 7]), 0.6))
     np.testing.assert_allclose(value, [((5 + 1) / 6) ** 0.6, ((5 + 7) / 6) ** 0.6], rtol=1e-6)

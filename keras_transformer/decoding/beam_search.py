@@ -36,9 +36,16 @@ def beam_search(
     hypothesis to its own length. The encoder output, its padding mask and
     the cross-attention keys/values are repeated once per beam (C18). A
     hypothesis that produced `end_id` is finished: it is never extended,
-    its score stays fixed, and only `pad_id` follows (C20). Decoding stops
-    when every hypothesis is finished or at the limit of `decode_limits`,
-    where the end token is forced.
+    its score stays fixed, and only `pad_id` follows (C20). The end token
+    is forced at the limit of `decode_limits`.
+
+    Decoding stops as soon as no sentence's `n_best` can change: when each
+    has `n_best` finished hypotheses that score above the best any alive
+    one can still reach, `log P / lp(limit)` (its log-probability only
+    falls as it grows, and `lp` rises up to the sentence's limit), as in
+    tensor2tensor's beam search. The outputs are those of decoding every
+    hypothesis to its end; a batch no longer runs until its slowest
+    runner-up finishes.
 
     Args:
         parts: `TransformerParts` of the model.
@@ -104,8 +111,22 @@ def beam_search(
     lengths = ops.zeros((batch, k), "int32")
     last = ops.full((batch * k,), start_id, "int32")
 
+    limit_penalty = ops.expand_dims(length_penalty_factor(limits, length_penalty), 1)
+
+    def settled(scores, finished, lengths):
+        """bool `(batch,)`: the sentence's `n_best` are final."""
+        reachable = ops.max(ops.where(finished, 2 * _NEG, scores / limit_penalty), axis=1)
+        # A relative margin of 1e-5, against float rounding: it can only
+        # make the search run longer, never change its outputs.
+        threshold = ops.expand_dims(reachable + 1e-5 * ops.abs(reachable), 1)
+        final = scores / length_penalty_factor(lengths, length_penalty)
+        beyond_reach = ops.logical_and(finished, ops.greater(final, threshold))
+        return ops.sum(ops.cast(beyond_reach, "int32"), axis=1) >= n_best
+
     def cond(t, last, sequences, scores, finished, lengths, *caches):
-        return ops.logical_and(t < length, ops.logical_not(ops.all(finished)))
+        return ops.logical_and(
+            t < length, ops.logical_not(ops.all(settled(scores, finished, lengths)))
+        )
 
     def body(t, last, sequences, scores, finished, lengths, *caches):
         logits, new_caches = parts.decode_step(
