@@ -95,7 +95,8 @@ def export_translator(translator, path, weights_dtype="float32"):
 
     Signatures:
 
-    - `serving_default`: `text` (`tf.string`, `[None]`) -> `translation`
+    - `serving_default`: `text` (`tf.string`, `[None]`, or one string as a
+      batch of one) -> `translation`
       (`tf.string`, `[None]`, no special tokens) and `score` (`float32`,
       `[None]`: the length-normalised log-probability under beam search,
       the summed log-probability under greedy decoding);
@@ -104,8 +105,13 @@ def export_translator(translator, path, weights_dtype="float32"):
     - `translate_ids`: `source_ids` (`int32`, `[None, None]`, rows ending
       in the end id, padded with 0; one row `[None]` is a batch of one;
       ids outside the source vocabulary are an `InvalidArgumentError`) ->
-      `target_ids` (`int32`, `[None, None]`) and `score`, for clients that
-      tokenize themselves.
+      `target_ids` (`int32`, `[None, T]`, T the decoding limit, the model's
+      `max_length` unless the translator sets a lower one; padded with 0
+      after the end id) and `score`, for clients that tokenize themselves.
+
+    The inputs are declared with an open rank (`saved_model_cli` shows
+    `unknown_rank`) so that a scalar is accepted; a higher rank than
+    listed is an `InvalidArgumentError` before any other op runs.
 
     The graph holds core TensorFlow ops plus the three tensorflow-text
     SentencePiece ops in `TENSORFLOW_TEXT_OPS`, so it loads with
@@ -156,14 +162,17 @@ def export_translator(translator, path, weights_dtype="float32"):
     root.src_tokenizer = translator.src_tokenizer
     root.tgt_tokenizer = translator.tgt_tokenizer
     tf.saved_model.save(root, path, signatures=signatures)
+    target_length = translator._parts.max_length
+    if translator.max_length is not None:
+        target_length = min(int(translator.max_length), target_length)
     metadata = {
         "signatures": {
             "serving_default": {
-                "inputs": {"text": "string [None]"},
+                "inputs": {"text": "string [None] (or one string)"},
                 "outputs": {"translation": "string [None]", "score": "float32 [None]"},
             },
             "translate_n_best": {
-                "inputs": {"text": "string [None]"},
+                "inputs": {"text": "string [None] (or one string)"},
                 "outputs": {
                     "translations": f"string [None, {translator.beam_size}]",
                     "scores": f"float32 [None, {translator.beam_size}]",
@@ -171,7 +180,10 @@ def export_translator(translator, path, weights_dtype="float32"):
             },
             "translate_ids": {
                 "inputs": {"source_ids": "int32 [None, None] (or one row [None])"},
-                "outputs": {"target_ids": "int32 [None, None]", "score": "float32 [None]"},
+                "outputs": {
+                    "target_ids": f"int32 [None, {target_length}]",
+                    "score": "float32 [None]",
+                },
             },
         },
         "special_ids": {

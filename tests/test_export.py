@@ -85,6 +85,28 @@ def test_c15_ops_are_core_or_tensorflow_text(exported):
             assert json.load(f)["custom_ops"]["tensorflow_text"] == list(TENSORFLOW_TEXT_OPS)
 
 
+def test_metadata_gives_the_declared_signature_shapes(exported):
+    """`keras_transformer.json` states each output's declared shape (here
+    `target_ids` is `[None, 12]`, the model's `max_length`), and the inputs
+    are rank-open, as the README says."""
+    _, paths = exported
+    for path in paths.values():
+        with open(os.path.join(path, "keras_transformer.json")) as f:
+            meta = json.load(f)["signatures"]
+        loaded = tf.saved_model.load(path)
+        assert set(meta) == set(loaded.signatures)
+        for name, spec in meta.items():
+            signature = loaded.signatures[name]
+            for key, text in spec["outputs"].items():
+                dims = text.split("[", 1)[1].split("]", 1)[0].split(", ")
+                want = [None if dim == "None" else int(dim) for dim in dims]
+                assert signature.structured_outputs[key].shape.as_list() == want, (name, key)
+            inputs = signature.structured_input_signature[1]
+            assert set(inputs) == set(spec["inputs"])
+            assert all(inputs[key].shape.rank is None for key in inputs)
+        assert meta["translate_ids"]["outputs"]["target_ids"] == "int32 [None, 12]"
+
+
 def test_c15_c16_fresh_process_with_only_tensorflow_and_text(exported):
     """C15/C16: greedy and beam exports load and translate in a fresh process
     that imports only tensorflow and tensorflow_text, equal to the eager run."""
