@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import time
 
 from keras_transformer.cli import _load_saved_model, evaluate_files
@@ -51,7 +52,12 @@ def cpu_name():
 def ship(args):
     model, src, tgt, config = load_run(args.run, which="best")
     translator = Translator(model, src, tgt, beam_size=4, length_penalty=0.6)
-    out = args.output
+    # Built in a fresh folder that replaces `args.output` only once the
+    # evaluation is done: a failed ship leaves the old model in place, and
+    # `size_bytes` counts this SavedModel's files, not an older card's.
+    out = args.output.rstrip("/\\") + ".staging"
+    if os.path.exists(out):
+        shutil.rmtree(out)
     export_translator(translator, out, weights_dtype="float16")
     serve = _load_saved_model(out)
     d = args.data
@@ -84,6 +90,9 @@ def ship(args):
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)
     write_card(out, metrics)
+    if os.path.exists(args.output):
+        shutil.rmtree(args.output)
+    os.replace(out, args.output)
     print(json.dumps({k: metrics[k] for k in ("test_2016_flickr", "val")}, indent=2))
 
 
@@ -92,8 +101,8 @@ def write_card(out, m):
     card = f"""# multi30k-en-de: a small Transformer, English -> German
 
 Trained with keras-transformer on the Multi30k task-1 corpus (29,000 training
-pairs), on a CPU. Exported SavedModel; signature `serving_default`: `text`
-(tf.string [None]) -> `translation` (tf.string [None]), `score` (float32 [None]).
+pairs), on a CPU. Exported SavedModel; signature `serving_default`: `text` (tf.string, a batch
+`[None]` or one string) -> `translation` (tf.string [None]), `score` (float32 [None]).
 Needs `tensorflow` and `tensorflow_text` only (SentencePiece ops in the graph).
 
 ## Results (beam 4, length penalty 0.6, translated by this SavedModel)
