@@ -6,7 +6,9 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 import argparse
 import io
 import json
+import math
 import os
+import shutil
 import sys
 import time
 
@@ -19,6 +21,17 @@ def _positive_int(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1; got {value}")
+    return value
+
+
+def _non_negative_float(text):
+    """argparse type: a finite float of at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text}")
     return value
 
 
@@ -68,10 +81,12 @@ def _add_training_args(parser):
 _RUN_DECODING = {"beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False}
 
 
-def _decoding_args(parser):
-    parser.add_argument("--beam-size", type=int, help="1 for greedy decoding (default: 4)")
-    parser.add_argument("--length-penalty", type=float, help="GNMT alpha (default: 0.6)")
-    parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
+def _decoding_args(parser, batches=True):
+    parser.add_argument("--beam-size", type=_positive_int, help="1 for greedy decoding (default: 4)")
+    parser.add_argument("--length-penalty", type=_non_negative_float,
+                        help="GNMT alpha (default: 0.6); beam search only")
+    if batches:
+        parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
     parser.add_argument("--jit-compile", action="store_true", default=None,
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
     parser.add_argument("--checkpoint", choices=["best", "last"], help="which weights of the run (default: best)")
@@ -119,6 +134,11 @@ def _translator(args):
 
     settings = {name: default if getattr(args, name, None) is None else getattr(args, name)
                 for name, default in _RUN_DECODING.items()}
+    if settings["beam_size"] == 1 and args.length_penalty is not None:
+        raise ValueError(
+            "--length-penalty has no effect with --beam-size 1 (greedy decoding ranks "
+            "nothing); drop one of them."
+        )
     model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
     return Translator(model, src, tgt, **settings)
 
@@ -204,8 +224,31 @@ def cmd_translate(args):
 def cmd_export(args):
     from keras_transformer.export import export_translator
 
-    path = export_translator(_translator(args), args.output, weights_dtype=args.weights_dtype)
-    print(f"SavedModel written to {path}")
+    output = args.output.rstrip("/\\") or args.output
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"{output} is a file; --output must be a folder.")
+    replace = os.path.isdir(output) and bool(os.listdir(output))
+    if replace and not args.overwrite:
+        raise ValueError(
+            f"{output} already exists and is not empty; pass --overwrite to replace the "
+            "SavedModel there, or choose another --output."
+        )
+    if replace and not os.path.exists(os.path.join(output, "saved_model.pb")):
+        raise ValueError(
+            f"{output} holds files but no saved_model.pb; --overwrite replaces only a "
+            "SavedModel folder. Choose another --output."
+        )
+    translator = _translator(args)
+    # Written beside the old SavedModel, which is replaced only once the new
+    # one is complete.
+    staging = output + ".export-staging" if replace else output
+    if replace and os.path.exists(staging):
+        shutil.rmtree(staging)
+    export_translator(translator, staging, weights_dtype=args.weights_dtype)
+    if replace:
+        shutil.rmtree(output)
+        os.replace(staging, output)
+    print(f"SavedModel written to {output}")
 
 
 def cmd_demo(args):
@@ -284,7 +327,9 @@ def main(argv=None):
     p.add_argument("--output", required=True)
     p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
                    help="float16 halves the SavedModel; computation stays float32")
-    _decoding_args(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the SavedModel already in the --output folder")
+    _decoding_args(p, batches=False)
     p.set_defaults(func=cmd_export)
 
     p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")

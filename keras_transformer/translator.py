@@ -1,10 +1,13 @@
 """String-to-string translation: tokenize, decode with a cache, detokenize."""
 
+import math
+
 import keras
 import tensorflow as tf
 
 from keras_transformer.data.packing import pack_source
 from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.model_parts import TransformerParts
 
@@ -116,7 +119,10 @@ class Translator(tf.Module):
 
     Raises:
         ValueError: on a Keras backend other than tensorflow, for
-            `beam_size < 1`, or tokenizers that do not fit the model.
+            `beam_size` below 1 or above the target vocabulary, a
+            `length_penalty` that is negative or not finite, `max_length`
+            below 1, `length_ratio` not a finite number above 0, or tokenizers that do not
+            fit the model.
 
     Example:
     >>> translator = Translator(model, src_tok, tgt_tok, beam_size=4)
@@ -147,8 +153,17 @@ class Translator(tf.Module):
                 "`greedy_search` / `beam_search` with `TransformerParts`, which "
                 "run on every backend."
             )
+        # Checked here, not when the search is first traced (where the error
+        # would come wrapped in a dump of the traced function).
         if int(beam_size) < 1:
             raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        length_penalty = check_length_penalty(length_penalty)
+        if max_length is not None and int(max_length) < 1:
+            raise ValueError(f"`max_length` must be at least 1 output token; got {max_length}.")
+        if length_ratio is not None and not (
+            math.isfinite(float(length_ratio)) and float(length_ratio) > 0
+        ):
+            raise ValueError(f"`length_ratio` must be a finite number > 0; got {length_ratio}.")
         self.model = model
         self.src_tokenizer = src_tokenizer
         self.tgt_tokenizer = tgt_tokenizer
@@ -163,6 +178,11 @@ class Translator(tf.Module):
                     f"model's {layer.name} expects {layer.vocab_size}: pass the "
                     "tokenizers the model was trained with, source first."
                 )
+        if int(beam_size) > tgt_tokenizer.vocab_size:
+            raise ValueError(
+                f"`beam_size`={beam_size} exceeds the target vocabulary size "
+                f"{tgt_tokenizer.vocab_size}: pass a smaller beam."
+            )
         self.beam_size = int(beam_size)
         self.length_penalty = float(length_penalty)
         self.max_length = max_length
@@ -299,6 +319,8 @@ class Translator(tf.Module):
         A single row `(length,)` is a batch of one.
         Returns `target_ids` int32 (batch, length): output ids ending with
         `end_id` then `pad_id`, no `start_id`; and `score` float32 (batch,).
+        A row without source tokens (only `end_id` and padding) gives the
+        end id alone and score 0, as a blank string does in `serve`.
 
         Raises:
             tf.errors.InvalidArgumentError: for rank 0 or 3+, or an id
@@ -307,7 +329,21 @@ class Translator(tf.Module):
         source_ids = as_id_batch(source_ids, self.src_tokenizer.vocab_size)
         source_ids = self._clip_source(source_ids)
         tokens, scores = self.translate_ids(source_ids)
-        return {"target_ids": tokens[:, 0], "score": scores[:, 0]}
+        tokens, scores = tokens[:, 0], scores[:, 0]
+        # A row with no source token (only the end id and padding) gets the
+        # empty output, as a blank `text` does: the end id alone, score 0.
+        special = tf.logical_or(
+            tf.equal(source_ids, self.src_tokenizer.pad_id),
+            tf.equal(source_ids, self.src_tokenizer.end_id),
+        )
+        blank = tf.reduce_all(special, axis=1)
+        empty = tf.one_hot(
+            0, tf.shape(tokens)[1], on_value=self.tgt_tokenizer.end_id,
+            off_value=self.tgt_tokenizer.pad_id, dtype=tokens.dtype,
+        )
+        tokens = tf.where(blank[:, None], empty[None, :], tokens)
+        scores = tf.where(blank, tf.zeros_like(scores), scores)
+        return {"target_ids": tokens, "score": scores}
 
     def _clip_source(self, source_ids):
         limit = self.source_max_length

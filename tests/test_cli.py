@@ -70,6 +70,16 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     main(["translate", "--saved-model", saved, "A dog runs.", "The cat sleeps."])
     assert capsys.readouterr().out.strip().splitlines() == lines
 
+    # A second export into the folder needs --overwrite, and then replaces it.
+    with pytest.raises(SystemExit) as info:
+        main(["export", "--run", run, "--output", saved, "--beam-size", "2"])
+    assert info.value.code == 1 and "--overwrite" in capsys.readouterr().err
+    main(["export", "--run", run, "--output", saved, "--beam-size", "2", "--overwrite"])
+    capsys.readouterr()
+    with open(os.path.join(saved, "keras_transformer.json")) as f:
+        assert json.load(f)["decoding"]["beam_size"] == 2
+    assert sorted(os.listdir(tmp_path)) == ["attention.png", "data", "run", "saved"]
+
 
 def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
@@ -237,3 +247,52 @@ def test_non_utf8_stdin_and_arguments_are_clear_errors(monkeypatch, capsys):
         main(["translate", "--saved-model", "unused", "fine", "Caf\udce9"])  # as argv decodes b"\xe9"
     assert info.value.code == 1
     assert "text argument 2 is not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag, message", [
+    (["translate", "--run", "r", "--length-penalty", "nan", "A dog."], "--length-penalty",
+     "must be a finite number >= 0"),
+    (["translate", "--run", "r", "--length-penalty", "-1", "A dog."], "--length-penalty",
+     "must be a finite number >= 0"),
+    (["evaluate", "--run", "r", "--src", "s", "--ref", "t", "--beam-size", "0"], "--beam-size",
+     "must be at least 1"),
+    (["export", "--run", "r", "--output", "o", "--batch-size", "3"], None,
+     "unrecognized arguments: --batch-size 3"),
+])
+def test_bad_decoding_flags_are_refused_by_argparse(argv, flag, message, capsys):
+    """NaN used to pass (`nan < 0` is false) and translate to garbage; a
+    negative penalty failed only when the search was traced; `export
+    --batch-size` was accepted and did nothing."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and (flag is None or f"argument {flag}" in err), err
+
+
+def test_greedy_with_a_length_penalty_is_refused(tmp_path, capsys):
+    """Greedy decoding ranks nothing: the penalty was accepted and ignored
+    (and written into an export's metadata). Refused before loading."""
+    for command in (["translate", "--run", str(tmp_path), "A dog."],
+                    ["export", "--run", str(tmp_path), "--output", str(tmp_path / "out")]):
+        with pytest.raises(SystemExit) as info:
+            main(command + ["--beam-size", "1", "--length-penalty", "0.9"])
+        assert info.value.code == 1
+        err = capsys.readouterr().err
+        assert "--length-penalty has no effect with --beam-size 1" in err, err
+
+
+def test_export_does_not_silently_replace_a_folder(tmp_path, capsys):
+    """An existing SavedModel is replaced only with --overwrite, and a
+    folder that is not a SavedModel never (refused before loading)."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as info:
+            main(["export", "--run", str(tmp_path / "run"), "--output", str(taken)] + extra)
+        assert info.value.code == 1
+        err = capsys.readouterr().err
+        assert str(taken) in err
+        assert ("--overwrite" in err) if not extra else ("no saved_model.pb" in err), err
+    assert (taken / "notes.txt").read_text() == "mine"

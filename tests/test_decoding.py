@@ -258,6 +258,10 @@ def test_bad_beam_arguments(parts):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=0)
     with pytest.raises(ValueError, match="n_best"):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=2, n_best=3)
+    for alpha in (-1.0, float("nan"), float("inf")):
+        # NaN passed `alpha < 0` and ranked every hypothesis as NaN.
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            beam_search(parts, SOURCES, start_id=START, end_id=END, length_penalty=alpha)
 
 
 def test_greedy_cross_attention_weights(parts):

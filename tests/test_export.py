@@ -268,6 +268,49 @@ def test_blank_input_gives_empty_translation_and_bad_pairings_are_refused(export
         translator.translate_lines("A dog runs.")
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"length_penalty": float("nan")}, "finite number >= 0"),
+    ({"length_penalty": -1.0}, "finite number >= 0"),
+    ({"beam_size": 1000}, r"exceeds the target vocabulary size \d+: pass a smaller beam"),
+    ({"max_length": 0}, "at least 1 output token"),
+    ({"length_ratio": 0.0}, "finite number > 0"),
+    ({"length_ratio": float("nan")}, "finite number > 0"),
+])
+def test_bad_decoding_settings_are_refused_when_the_translator_is_made(exported, settings, message):
+    """Before, these passed the constructor and failed at the first call,
+    wrapped in a dump of the traced function, or (NaN) translated to
+    garbage."""
+    translator = exported[0]["beam"]
+    with pytest.raises(ValueError, match=message):
+        Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer, **settings)
+
+
+def test_translate_ids_gives_blank_rows_the_empty_output(exported):
+    """A row of only the end id or only padding is a blank source: the end
+    id alone and score 0, as a blank string gets "" and 0 from
+    `serving_default` (it used to get a made-up sentence). Other rows are
+    unchanged."""
+    translators, paths = exported
+    translator = translators["beam"]
+    loaded = tf.saved_model.load(paths["beam"])
+    real = translator.encode_source(tf.constant(INPUTS[:1]))[0].numpy()
+    end, pad = translator.src_tokenizer.end_id, translator.src_tokenizer.pad_id
+    rows = np.full((3, len(real)), pad, "int32")
+    rows[0, 0] = end
+    rows[2] = real
+    out = loaded.signatures["translate_ids"](source_ids=tf.constant(rows))
+    tokens, scores = out["target_ids"].numpy(), out["score"].numpy()
+    empty = np.full(tokens.shape[1], translator.tgt_tokenizer.pad_id)
+    empty[0] = translator.tgt_tokenizer.end_id
+    np.testing.assert_array_equal(tokens[:2], [empty, empty])
+    np.testing.assert_array_equal(scores[:2], [0.0, 0.0])
+    solo = loaded.signatures["translate_ids"](source_ids=tf.constant(real[None]))
+    np.testing.assert_array_equal(tokens[2], solo["target_ids"].numpy()[0])
+    text = loaded.signatures["serving_default"](text=tf.constant(["", INPUTS[0]]))
+    assert text["translation"].numpy()[0] == b"" and text["score"].numpy()[0] == 0.0
+    assert translator.tgt_tokenizer.detokenize(tokens[:1]).numpy()[0] == b""
+
+
 def test_xla_compiled_search_gives_the_same_translations(exported):
     """jit_compile=True (XLA, sources padded to a multiple of 8) changes speed only."""
     translators, _ = exported

@@ -1,5 +1,7 @@
 """Beam search with a key/value cache and the GNMT length penalty."""
 
+import math
+
 from keras import ops
 
 from keras_transformer.decoding.limits import decode_limits
@@ -12,6 +14,22 @@ _NEG = -1e9  # finite "impossible" score: -inf would give inf - inf = NaN
 def length_penalty_factor(length, alpha):
     """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14)."""
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def check_length_penalty(length_penalty):
+    """The GNMT `alpha` as a python float.
+
+    Raises:
+        ValueError: unless it is a finite number >= 0 (NaN would rank every
+            hypothesis as NaN and return garbage).
+    """
+    value = float(length_penalty)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            "`length_penalty` must be a finite number >= 0 (0.6 in the paper; 0 "
+            f"ranks by raw log-probability); got {length_penalty}."
+        )
+    return value
 
 
 def beam_search(
@@ -64,7 +82,8 @@ def beam_search(
 
     Raises:
         ValueError: for `beam_size < 1`, `n_best` outside `[1, beam_size]`,
-            a negative `length_penalty`, or `beam_size` above the vocabulary.
+            a `length_penalty` that is negative or not finite, or `beam_size`
+            above the vocabulary.
 
     References:
         Vaswani et al. (2017), section 6.1; Wu et al. (2016), "Google's
@@ -75,8 +94,7 @@ def beam_search(
         raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"`n_best` must be in [1, beam_size={beam_size}]; got {n_best}.")
-    if length_penalty < 0:
-        raise ValueError(f"`length_penalty` must be >= 0; got {length_penalty}.")
+    length_penalty = check_length_penalty(length_penalty)
     vocab = parts.vocab_size
     if beam_size > vocab:
         raise ValueError(f"`beam_size`={beam_size} exceeds the vocabulary size {vocab}.")
