@@ -31,6 +31,15 @@ def _align_ranks(y_true, y_pred):
             f"predictions). Received: y_true.shape={tuple(y_true.shape)}, "
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
+    for axis in range(true_rank):
+        labels, logits = y_true.shape[axis], y_pred.shape[axis]
+        if labels is not None and logits is not None and labels != logits:
+            raise ValueError(
+                "Labels and predictions differ in shape: labels "
+                f"{tuple(y_true.shape)} against predictions {tuple(y_pred.shape)} "
+                f"(axis {axis}). The labels are the decoder inputs shifted by one, "
+                "so both must have the same `(batch, T)`."
+            )
     return y_true
 
 
@@ -218,6 +227,21 @@ def masked_loss(
     return ops.sum(losses) / ops.maximum(count, 1.0)
 
 
+def per_token_weight(weight):
+    """A sample weight `(batch,)`, `(batch, T)` or `(batch, T, 1)` as
+    `(batch, 1)` or `(batch, T)`, to multiply `(batch, T)` losses; a scalar
+    as it is. Written without the rank, which a traced function may not
+    know (one `fit` with `(batch, T)` weights, then one with `(batch,)`)."""
+    rank = getattr(weight.shape, "rank", None) if hasattr(weight.shape, "rank") else len(weight.shape)
+    if rank == 0:
+        return weight
+    if rank is None and keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.reshape(weight, tf.stack([tf.shape(weight)[0], -1]))
+    return ops.reshape(weight, (ops.shape(weight)[0], -1))
+
+
 _REDUCTIONS = ("sum_over_batch_size", "mean", "sum", None, "none")
 
 
@@ -342,11 +366,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
                 weight = ops.cast(
                     ops.convert_to_tensor(sample_weight), "float32"
                 )
-                if len(weight.shape) == 1:
-                    weight = ops.expand_dims(weight, axis=-1)
-                elif len(weight.shape) == 3 and weight.shape[-1] == 1:
-                    weight = ops.squeeze(weight, axis=-1)
-                losses = losses * weight
+                losses = losses * per_token_weight(weight)
             if self.reduction in (None, "none"):
                 return losses
             total = ops.sum(losses)

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.unpadding import unpadded_of
+from keras_transformer.losses import per_token_weight
 
 
 def _check_pad_id(pad_id):
@@ -146,10 +147,7 @@ class MaskedAccuracy(keras.metrics.Metric):
         correct, mask = _correct_and_mask(y_true, y_pred, self.pad_id)
         if sample_weight is not None:
             weight = ops.cast(ops.convert_to_tensor(sample_weight), "float32")
-            if len(weight.shape) == 1:
-                weight = ops.expand_dims(weight, axis=-1)
-            elif len(weight.shape) == 3 and weight.shape[-1] == 1:
-                weight = ops.squeeze(weight, axis=-1)
+            weight = per_token_weight(weight)
             correct = correct * weight
             mask = mask * weight
         self.correct.assign_add(ops.cast(ops.sum(correct), self.dtype))

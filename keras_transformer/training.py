@@ -14,12 +14,14 @@ A run lives in one folder:
 
 import dataclasses
 import json
+import math
 import os
 import time
 import warnings
 
 import keras
 
+from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
@@ -27,6 +29,7 @@ from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_transformer
+from keras_transformer.models.transformer import check_sizes
 from keras_transformer.optimizers import Adam
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
@@ -175,6 +178,30 @@ class _Timer(keras.callbacks.Callback):
             f.write(json.dumps(record) + "\n")
 
 
+def _check_settings(config, model_config):
+    """What the model, batching, schedule and loss would refuse, checked
+    before the run folder is written (a folder with trained tokenizers
+    holds its settings; invalid ones would lock it)."""
+    sizes = {key: model_config[key] for key in ("num_layers", "d_model", "num_heads", "dff")}
+    check_sizes(src_vocab_size=config.src_vocab_size, tgt_vocab_size=config.tgt_vocab_size, **sizes)
+    check_batching(config.max_length, config.tokens_per_batch or None, config.batch_size)
+    WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
+    MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
+
+
+def _best_so_far(out, monitor):
+    """The lowest `monitor` value of the epochs logged in `epochs.jsonl`,
+    if `best.keras` exists (`_Timer` logs an epoch after `best.keras` was
+    saved for it); None for a new run."""
+    path = os.path.join(out, "epochs.jsonl")
+    if not (os.path.exists(path) and os.path.exists(os.path.join(out, "best.keras"))):
+        return None
+    with open(path) as f:
+        values = [json.loads(line).get(monitor) for line in f if line.strip()]
+    values = [value for value in values if value is not None and math.isfinite(value)]
+    return min(values) if values else None
+
+
 # What a run folder cannot change between runs: the tokenizers and the
 # shapes of the weights. Epochs, learning rate, batching and the rest may.
 _FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase")
@@ -230,7 +257,9 @@ def train(config, verbose=1):
 
     Raises:
         ValueError: for an unknown preset, only one validation file,
-            `epochs` or `batch_size` below 1, misaligned or empty files,
+            `epochs` or `batch_size` below 1, sizes, batching, warmup or
+            label smoothing that the model, `make_dataset`, the schedule or
+            the loss would refuse, misaligned or empty files,
             or a run folder whose tokenizers or weights do not fit the
             settings (checked before anything is written).
         FileNotFoundError: if a training or validation file is missing.
@@ -247,6 +276,7 @@ def train(config, verbose=1):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    _check_settings(config, model_config)
     check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None)
     os.makedirs(out, exist_ok=True)
     _check_resumable(out, config, model_config)
@@ -317,7 +347,10 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         ),
         keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
         keras.callbacks.ModelCheckpoint(
-            os.path.join(out, "best.keras"), monitor=monitor, save_best_only=True
+            os.path.join(out, "best.keras"), monitor=monitor, save_best_only=True,
+            # A resumed run must beat the best it already saved; Keras would
+            # otherwise let the first epoch after a restart replace it.
+            initial_value_threshold=_best_so_far(out, monitor),
         ),
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
         keras.callbacks.TerminateOnNaN(),

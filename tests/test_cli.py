@@ -194,6 +194,55 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     assert "binary.dat is not UTF-8 text" in err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--num-heads", "3"], "num_heads=3 must divide d_model=128"),
+    (["--max-length", "1"], "`max_length` must be an int >= 2"),
+    (["--tokens-per-batch", "8"], "`tokens_per_batch` (8) must be at least `max_length`"),
+    (["--warmup-steps", "0"], "warmup_steps"),
+    (["--label-smoothing", "1.0"], "`label_smoothing` must be in [0, 1)"),
+])
+def test_settings_the_model_or_data_would_refuse_are_refused_before_the_folder(
+    tmp_path, capsys, flags, message
+):
+    """These used to fail after the tokenizers were trained and saved, and
+    the folder then refused any other settings: locked."""
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
+    run = tmp_path / "run"
+    err = _train_error(["--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+                        "--output-dir", str(run), "--preset", "tiny"] + flags, capsys)
+    assert message in err, err
+    assert not run.exists()
+
+
+def test_resuming_keeps_best_keras_unless_beaten(tmp_path):
+    """`best.keras` is replaced on resume only by a better epoch: Keras's
+    ModelCheckpoint forgets its best on a restart, so the first epoch after
+    a resume always replaced it (even with a worse validation loss)."""
+    from keras_transformer.training import TrainingConfig, train
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=200, n_val=20, seed=4)
+    run = tmp_path / "run"
+    config = dict(
+        train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
+        val_src=str(data / "val.en"), val_tgt=str(data / "val.de"), output_dir=str(run),
+        preset="tiny", num_layers=1, max_length=24, src_vocab_size=120, tgt_vocab_size=140,
+        tokens_per_batch=1024, warmup_steps=20,
+    )
+    train(TrainingConfig(epochs=1, **config), verbose=0)
+    best = (run / "best.keras").read_bytes()
+    # Make epoch 1's logged validation loss one that no epoch can beat.
+    record = json.loads((run / "epochs.jsonl").read_text())
+    record["val_loss"] = 0.0
+    (run / "epochs.jsonl").write_text(json.dumps(record) + "\n")
+    last = (run / "model.keras").read_bytes()
+    train(TrainingConfig(epochs=2, **config), verbose=0)
+    assert len((run / "epochs.jsonl").read_text().splitlines()) == 2
+    assert (run / "model.keras").read_bytes() != last  # epoch 2 ran and was saved
+    assert (run / "best.keras").read_bytes() == best
+
+
 def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
     """The run folder does not exist either: the missing --src is reported
     first, so a typo does not cost a model load."""

@@ -8,6 +8,7 @@ from keras import ops
 from conftest import gradient_of
 from conftest import to_numpy
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
+from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.losses import masked_loss
 from keras_transformer.losses import per_token_loss
 
@@ -220,6 +221,15 @@ def test_rank_mismatch_raises():
         masked_loss(np.zeros((2, 3, 4), "int32"), np.zeros((2, 3, 5)))
 
 
+def test_length_mismatch_raises_before_any_op():
+    """Labels (2, 3) against logits (2, 5, V) used to fail in a GatherV2 or
+    SelectV2 node deep in the graph."""
+    with pytest.raises(ValueError, match=r"labels \(2, 3\) against predictions \(2, 5, 4\)"):
+        masked_loss(np.ones((2, 3), "int32"), np.zeros((2, 5, 4)))
+    with pytest.raises(ValueError, match="axis 0"):
+        MaskedSparseCategoricalCrossentropy()(np.ones((3, 5), "int32"), np.zeros((2, 5, 4)))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_logits_computed_in_float32(dtype):
     """Mixed precision: float16/bfloat16 logits, float32 loss."""
@@ -256,6 +266,26 @@ def test_sample_weight_scales_tokens_divisor_stays_real_tokens():
     assert float(to_numpy(summed(labels, logits))) == pytest.approx(
         nll.sum(), rel=1e-5
     )
+
+
+def test_per_sample_and_per_token_weights_in_one_compiled_model():
+    """One compiled model fitted and evaluated with `(batch, T)` weights,
+    then `(batch,)` weights (and back): Keras retraces with a weight of
+    unknown rank, where `len(weight.shape)` raised. A per-sample weight
+    equals the same weight repeated over the tokens."""
+    keras.utils.set_random_seed(3)
+    x, y = c21_batch()
+    model = tiny_model(9, x.shape[1])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=MaskedSparseCategoricalCrossentropy(),
+                  metrics=[MaskedAccuracy()])
+    per_sample = np.array([2.0, 0.5, 1.0], "float32")
+    per_token = np.repeat(per_sample[:, None], x.shape[1], axis=1)
+    results = []
+    for weight in (per_token, per_sample, per_token[..., None], per_sample):
+        model.fit(x, y, sample_weight=weight, batch_size=3, epochs=1, verbose=0)
+        results.append(model.evaluate(x, y, sample_weight=weight, batch_size=3, verbose=0))
+    for result in results[1:]:
+        np.testing.assert_allclose(result, results[0], rtol=1e-6)
 
 
 # --- Keras integration -----------------------------------------------------

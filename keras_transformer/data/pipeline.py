@@ -95,6 +95,32 @@ def _read_pairs(src, tgt):
     return src_lines, tgt_lines
 
 
+def check_batching(max_length, tokens_per_batch, batch_size):
+    """The checks `make_dataset` makes of its batching arguments, callable
+    before any data is read.
+
+    Raises:
+        ValueError: for `max_length` not an int >= 2, `tokens_per_batch`
+            below `max_length`, or (without `tokens_per_batch`) `batch_size`
+            not a positive int.
+    """
+    if not isinstance(max_length, int) or max_length < 2:
+        raise ValueError(
+            f"`max_length` must be an int >= 2. Received: {max_length!r}."
+        )
+    if tokens_per_batch is not None and tokens_per_batch < max_length:
+        raise ValueError(
+            f"`tokens_per_batch` ({tokens_per_batch}) must be at least "
+            f"`max_length` ({max_length}) so every bucket holds one example."
+        )
+    if tokens_per_batch is None and (
+        not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise ValueError(
+            f"`batch_size` must be a positive int. Received: {batch_size!r}."
+        )
+
+
 def make_dataset(
     src,
     tgt,
@@ -188,21 +214,7 @@ def make_dataset(
         - [Vaswani et al., 2017. Attention Is All You Need, Section 5.1](
           https://arxiv.org/abs/1706.03762)
     """
-    if not isinstance(max_length, int) or max_length < 2:
-        raise ValueError(
-            f"`max_length` must be an int >= 2. Received: {max_length!r}."
-        )
-    if tokens_per_batch is not None and tokens_per_batch < max_length:
-        raise ValueError(
-            f"`tokens_per_batch` ({tokens_per_batch}) must be at least "
-            f"`max_length` ({max_length}) so every bucket holds one example."
-        )
-    if tokens_per_batch is None and (
-        not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise ValueError(
-            f"`batch_size` must be a positive int. Received: {batch_size!r}."
-        )
+    check_batching(max_length, tokens_per_batch, batch_size)
     if bucket_boundaries is None and tokens_per_batch is not None:
         bucket_boundaries = "auto"
     if isinstance(bucket_boundaries, str):

@@ -14,12 +14,29 @@ ENCODER_INPUTS = "encoder_inputs"
 DECODER_INPUTS = "decoder_inputs"
 
 
-def _check_positive(**values):
-    for name, value in values.items():
+def check_sizes(**sizes):
+    """The size checks of `build_transformer`, callable before building.
+
+    Args:
+        **sizes: `build_transformer`'s int arguments by name (any subset of
+            the vocabulary sizes, layer counts, `d_model`, `num_heads`,
+            `dff`, `max_length`).
+
+    Raises:
+        ValueError: for a size that is not positive, or `num_heads` that
+            does not divide `d_model`.
+    """
+    for name, value in sizes.items():
         if value is None or int(value) <= 0:
             raise ValueError(
                 f"build_transformer needs a positive `{name}`; got {value!r}."
             )
+    d_model, num_heads = sizes.get("d_model"), sizes.get("num_heads")
+    if d_model is not None and num_heads is not None and d_model % num_heads:
+        raise ValueError(
+            f"num_heads={num_heads} must divide d_model={d_model}; the paper "
+            "uses d_model=512 with 8 heads (64 dimensions per head)."
+        )
 
 
 def build_transformer(
@@ -94,7 +111,7 @@ def build_transformer(
         Vaswani et al. (2017), section 3 and figure 1.
     """
     num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
-    _check_positive(
+    check_sizes(
         src_vocab_size=src_vocab_size,
         tgt_vocab_size=tgt_vocab_size,
         num_layers=num_layers,
@@ -104,11 +121,6 @@ def build_transformer(
         dff=dff,
         max_length=max_length,
     )
-    if d_model % num_heads:
-        raise ValueError(
-            f"num_heads={num_heads} must divide d_model={d_model}; the paper "
-            "uses d_model=512 with 8 heads (64 dimensions per head)."
-        )
     block_args = dict(
         num_heads=num_heads,
         dff=dff,
