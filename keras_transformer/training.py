@@ -308,6 +308,12 @@ def train(config, verbose=1):
     # jax shards each batch evenly over the devices; tensorflow splits any size.
     batch_multiple = replicas if keras.backend.backend() == "jax" else 1
 
+    # Compiled steps (jax, or XLA on tensorflow) compile once per batch
+    # shape: batches padded to their bucket's upper length give one shape
+    # per bucket instead of one per longest sentence (on jax, a second epoch
+    # of 600 synthetic pairs took 8.5 s without, 0.4 s with).
+    compiled = keras.backend.backend() == "jax" or config.jit_compile
+
     def dataset(src, tgt, shuffle):
         return make_dataset(
             src, tgt, src_tok, tgt_tok,
@@ -317,6 +323,7 @@ def train(config, verbose=1):
             shuffle=shuffle,
             seed=config.seed,
             batch_multiple=batch_multiple,
+            pad_to_bucket_boundary=compiled and bool(config.tokens_per_batch),
         )
 
     train_ds = dataset(src_lines, tgt_lines, True)

@@ -345,3 +345,29 @@ def test_export_does_not_silently_replace_a_folder(tmp_path, capsys):
         assert str(taken) in err
         assert ("--overwrite" in err) if not extra else ("no saved_model.pb" in err), err
     assert (taken / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_compiled_training_pads_batches_to_their_bucket(tmp_path, monkeypatch, jit_compile):
+    """XLA (and jax) compile once per batch shape: `train` pads each batch
+    to its bucket's upper length there, one shape per bucket."""
+    import keras_transformer.training as training
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
+    seen = {}
+
+    def fake_make_dataset(*args, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt  # stop before training
+
+    monkeypatch.setattr(training, "make_dataset", fake_make_dataset)
+    config = training.TrainingConfig(
+        train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
+        output_dir=str(tmp_path / "run"), preset="tiny", max_length=24,
+        src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=512, jit_compile=jit_compile,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        training.train(config, verbose=0)
+    compiled = jit_compile or keras.backend.backend() == "jax"
+    assert seen["pad_to_bucket_boundary"] is compiled
