@@ -222,3 +222,32 @@ def test_presets_and_bad_arguments():
         build_transformer(10, 10, d_model=10, num_heads=3)
     with pytest.raises(ValueError, match="positive"):
         build_transformer(0, 10)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_encoder_and_decoder_batch_sizes_must_match(training):
+    """A decoder batch of 1 against an encoder batch of 2 was broadcast on
+    tensorflow in training: output (1, 5, V), no error."""
+    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    inputs = {"encoder_inputs": np.ones((2, 5), "int32"), "decoder_inputs": np.ones((1, 5), "int32")}
+    with pytest.raises(ValueError, match="same batch size"):
+        model(inputs, training=training)
+
+
+def test_batch_mismatch_known_only_at_run_time_is_an_error_in_fit():
+    """Inside `fit`'s traced step the batch sizes are unknown until run time."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tensorflow graphs only; other backends trace with static shapes")
+    import tensorflow as tf
+
+    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    model.compile(optimizer="sgd", loss=MaskedSparseCategoricalCrossentropy())
+    spec = tf.TensorSpec((None, None), tf.int32)
+    batch = ({"encoder_inputs": np.ones((2, 5), "int32"), "decoder_inputs": np.ones((1, 5), "int32")},
+             np.ones((1, 5), "int32"))
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter([batch]),
+        output_signature=({"encoder_inputs": spec, "decoder_inputs": spec}, spec),
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same batch size"):
+        model.fit(dataset, verbose=0)

@@ -47,6 +47,39 @@ def cached_step_masks(index, cache_length, encoder_mask=None):
     return masks
 
 
+_BATCH_MESSAGE = (
+    "TransformerDecoder: the decoder inputs and the encoder outputs must "
+    "have the same batch size (one source per target sequence)"
+)
+
+
+def _check_same_batch(inputs, encoder_outputs):
+    """`inputs`, once its batch size is checked against the encoder's.
+
+    Without the check, tensorflow broadcast a batch of 1 against the other
+    in training and returned a wrong-sized output without an error.
+
+    Raises:
+        ValueError: when both batch sizes are known and differ.
+        tf.errors.InvalidArgumentError: (tensorflow, in the graph) when
+            they are known only at run time and differ.
+    """
+    target, source = inputs.shape[0], encoder_outputs.shape[0]
+    if target is not None and source is not None:
+        if target != source:
+            raise ValueError(f"{_BATCH_MESSAGE}; got {target} and {source}.")
+        return inputs
+    if keras.backend.backend() != "tensorflow":
+        return inputs
+    import tensorflow as tf
+
+    check = tf.debugging.assert_equal(
+        tf.shape(inputs)[0], tf.shape(encoder_outputs)[0], message=_BATCH_MESSAGE
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(inputs)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerDecoder(TransformerBlock):
     """Transformer decoder block (section 3.1, figure 1 right).
@@ -200,6 +233,7 @@ class TransformerDecoder(TransformerBlock):
                 "TransformerDecoder needs `encoder_outputs`, the output of the "
                 "encoder stack, shape (batch, source_length, d_model)."
             )
+        inputs = _check_same_batch(inputs, encoder_outputs)
         target_length = ops.shape(inputs)[1]
         self_mask = merge_masks(
             key_padding_to_attention_mask(inputs_mask),
