@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.id_range import check_id_range
 from keras_transformer.layers.unpadding import unpadded_of
 
 
@@ -126,6 +127,8 @@ def per_token_loss(
     # Pad positions may hold an id outside the vocabulary (e.g. -1): gather
     # a valid index there and zero the result afterwards.
     safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
+    if isinstance(y_pred.shape[-1], int):
+        safe_ids = check_id_range(safe_ids, y_pred.shape[-1], "The labels (apart from pad_id)")
     if unpadded is not None:
         # Training logits whose padded rows were never computed (see
         # `OutputProjection`): the loss runs on the real rows only.

@@ -594,3 +594,26 @@ def test_fused_attention_kernel_equals_equation_one():
     with_weights, _ = layer(x, x, value_mask=key_mask, use_causal_mask=True, return_attention_scores=True)
     without = layer(x, x, value_mask=key_mask, use_causal_mask=True)
     np.testing.assert_allclose(to_numpy(without), to_numpy(with_weights), atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [50, -1])
+def test_ids_outside_the_vocabulary_are_an_error_on_every_backend(bad):
+    """Eager and compiled: jax used to read NaN (which spread into every
+    weight in `fit`), torch wrapped negative ids around."""
+    layer = PositionalEmbedding(50, 8, 10)
+    ids = np.array([[5, bad, 3, 0]], "int32")
+    with pytest.raises(ValueError, match=r"must be token ids in \[0, 50\)"):
+        layer(ids)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"must be token ids in \[0, 50\)"):
+            tf.function(layer)(tf.constant(ids))
+    elif backend == "jax":
+        import jax
+
+        with pytest.raises(Exception, match=r"must be token ids in \[0, 50\)"):
+            jax.block_until_ready(jax.jit(lambda x: layer(x))(ids))
+    good = to_numpy(layer(np.array([[5, 49, 3, 0]], "int32")))
+    assert np.isfinite(good).all()

@@ -221,6 +221,15 @@ def test_rank_mismatch_raises():
         masked_loss(np.zeros((2, 3, 4), "int32"), np.zeros((2, 3, 5)))
 
 
+@pytest.mark.parametrize("bad", [-5, 5])
+def test_labels_outside_the_vocabulary_are_an_error(bad):
+    """A real label outside [0, V): jax read NaN, torch wrapped -5 around
+    to a valid class and reported a finite loss."""
+    labels = np.array([[1, bad, PAD]], "int32")
+    with pytest.raises(ValueError, match=r"labels .* must be token ids in \[0, 5\)"):
+        masked_loss(labels, np.zeros((1, 3, 5), "float32"))
+
+
 def test_length_mismatch_raises_before_any_op():
     """Labels (2, 3) against logits (2, 5, V) used to fail in a GatherV2 or
     SelectV2 node deep in the graph."""

@@ -4,6 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.layers.id_range import check_id_range
+
 
 def sinusoidal_encoding(max_length, d_model):
     """The fixed positional encoding of section 3.5, as a NumPy array.
@@ -226,6 +228,7 @@ class PositionalEmbedding(keras.layers.Layer):
         layer = self.token_embedding
         if layer.quantization_mode is not None or layer.lora_enabled:
             return layer(inputs)
+        inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
         # `keras.layers.Embedding.call`, with a dense gradient on TensorFlow.
         return ops.cast(embedding_lookup(layer.embeddings, inputs), layer.compute_dtype)
 

@@ -1,0 +1,79 @@
+"""Token ids checked against the vocabulary on every backend."""
+
+import keras
+from keras import ops
+
+
+def _message(name, size, low, high):
+    return (
+        f"{name} must be token ids in [0, {size}); got ids from {low} to {high}. "
+        "Encode text with the tokenizers the model was built for, and pad with "
+        "an id inside the vocabulary."
+    )
+
+
+def check_id_range(ids, size, name):
+    """`ids`, once every one of them is checked to lie in `[0, size)`.
+
+    An id outside the vocabulary is an error on every backend. Left alone,
+    tensorflow on CPU raises in its gather, tensorflow on GPU reads zeros,
+    jax reads NaN (which then spreads into every weight) and torch wraps
+    negative ids around.
+
+    Args:
+        ids: int tensor, any shape.
+        size: python int, the vocabulary size.
+        name: what the ids are, for the message (e.g. "encoder_inputs").
+
+    Returns:
+        `ids` (on tensorflow, with the check as a control dependency).
+
+    Raises:
+        ValueError: when the ids are known here (eager, torch, concrete
+            arrays) and one is out of range.
+        tf.errors.InvalidArgumentError: (tensorflow graph) at run time.
+        jax.errors.JaxRuntimeError: (inside `jax.jit`) at run time, with
+            the same message.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.executing_eagerly() and tf.size(ids) > 0:
+            low, high = int(tf.reduce_min(ids)), int(tf.reduce_max(ids))
+            if low < 0 or high >= size:
+                raise ValueError(_message(name, size, low, high))
+            return ids
+        checks = [
+            tf.debugging.assert_non_negative(ids, message=_message(name, size, "<0", "?")),
+            tf.debugging.assert_less(
+                ids, tf.cast(size, ids.dtype), message=_message(name, size, "?", f">={size}")
+            ),
+        ]
+        with tf.control_dependencies(checks):
+            return tf.identity(ids)
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        if ids.size == 0:
+            return ids
+        if not isinstance(ids, jax.core.Tracer):
+            low, high = int(jnp.min(ids)), int(jnp.max(ids))
+            if low < 0 or high >= size:
+                raise ValueError(_message(name, size, low, high))
+            return ids
+
+        def fail(low, high):
+            raise ValueError(_message(name, size, int(low), int(high)))
+
+        bad = jnp.logical_or(jnp.min(ids) < 0, jnp.max(ids) >= size)
+        jax.lax.cond(
+            bad, lambda: jax.debug.callback(fail, jnp.min(ids), jnp.max(ids)), lambda: None
+        )
+        return ids
+    if ops.size(ids) > 0:
+        low, high = int(ops.min(ids)), int(ops.max(ids))
+        if low < 0 or high >= size:
+            raise ValueError(_message(name, size, low, high))
+    return ids
