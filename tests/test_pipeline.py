@@ -212,6 +212,25 @@ def test_misaligned_inputs_raise(tmp_path, tokenizers):
         )
     with pytest.raises(ValueError, match="bucket_boundaries"):
         make_dataset(["x"], ["y"], *tokenizers, bucket_boundaries=[9, 5])
+    # A float budget failed with a TypeError inside tf.data.
+    with pytest.raises(ValueError, match="`tokens_per_batch` must be an int"):
+        make_dataset(["x"], ["y"], *tokenizers, max_length=16, tokens_per_batch=100.5)
+
+
+def test_numpy_ints_are_accepted_as_sizes(tokenizers):
+    """`max_length=np.int64(16)` was refused as "must be an int"; it gives
+    the batches of `max_length=16`."""
+    sources, targets = ["a b c", "d e", "f"], ["g h", "i j k", "l"]
+    for numpy_size in (False, True):
+        size = (lambda n: np.int64(n)) if numpy_size else int
+        batches = list(make_dataset(sources, targets, *tokenizers, max_length=size(16),
+                                    tokens_per_batch=size(64), shuffle=False))
+        if not numpy_size:
+            want = batches
+    for (x, y), (wx, wy) in zip(batches, want):
+        np.testing.assert_array_equal(x["encoder_inputs"], wx["encoder_inputs"])
+        np.testing.assert_array_equal(y, wy)
+    assert len(batches) == len(want) > 0
 
 
 @pytest.mark.corpus

@@ -18,6 +18,7 @@ Each batch is padded with the pad id to its longest sequence (or to its
 bucket's upper length with `pad_to_bucket_boundary=True`).
 """
 
+import numbers
 import os
 
 import tensorflow as tf
@@ -104,18 +105,23 @@ def check_batching(max_length, tokens_per_batch, batch_size):
             below `max_length`, or (without `tokens_per_batch`) `batch_size`
             not a positive int.
     """
-    if not isinstance(max_length, int) or max_length < 2:
+    def is_int(value):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if not is_int(max_length) or max_length < 2:
         raise ValueError(
             f"`max_length` must be an int >= 2. Received: {max_length!r}."
+        )
+    if tokens_per_batch is not None and not is_int(tokens_per_batch):
+        raise ValueError(
+            f"`tokens_per_batch` must be an int. Received: {tokens_per_batch!r}."
         )
     if tokens_per_batch is not None and tokens_per_batch < max_length:
         raise ValueError(
             f"`tokens_per_batch` ({tokens_per_batch}) must be at least "
             f"`max_length` ({max_length}) so every bucket holds one example."
         )
-    if tokens_per_batch is None and (
-        not isinstance(batch_size, int) or batch_size < 1
-    ):
+    if tokens_per_batch is None and (not is_int(batch_size) or batch_size < 1):
         raise ValueError(
             f"`batch_size` must be a positive int. Received: {batch_size!r}."
         )
@@ -215,6 +221,11 @@ def make_dataset(
           https://arxiv.org/abs/1706.03762)
     """
     check_batching(max_length, tokens_per_batch, batch_size)
+    # NumPy ints are accepted; the rest of the pipeline gets python ints.
+    max_length = int(max_length)
+    tokens_per_batch = None if tokens_per_batch is None else int(tokens_per_batch)
+    if tokens_per_batch is None:
+        batch_size = int(batch_size)
     if bucket_boundaries is None and tokens_per_batch is not None:
         bucket_boundaries = "auto"
     if isinstance(bucket_boundaries, str):
