@@ -258,6 +258,10 @@ def test_bad_beam_arguments(parts):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=0)
     with pytest.raises(ValueError, match="n_best"):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=2, n_best=3)
+    for search in (greedy_search, beam_search):
+        # Checked once per search (the per-step embedding no longer checks).
+        with pytest.raises(ValueError, match=r"`start_id` must be token ids in \[0, 25\)"):
+            search(parts, SOURCES, start_id=25, end_id=END)
     for alpha in (-1.0, float("nan"), float("inf")):
         # NaN passed `alpha < 0` and ranked every hypothesis as NaN.
         with pytest.raises(ValueError, match="finite number >= 0"):

@@ -7,6 +7,7 @@ from keras import ops
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
 from keras_transformer.decoding.limits import unflatten_caches
+from keras_transformer.layers.id_range import check_id_range
 
 _NEG = -1e9  # finite "impossible" score: -inf would give inf - inf = NaN
 
@@ -127,7 +128,7 @@ def beam_search(
     )
     finished = ops.zeros((batch, k), "bool")
     lengths = ops.zeros((batch, k), "int32")
-    last = ops.full((batch * k,), start_id, "int32")
+    last = check_id_range(ops.full((batch * k,), start_id, "int32"), parts.vocab_size, "`start_id`")
 
     limit_penalty = ops.expand_dims(length_penalty_factor(limits, length_penalty), 1)
 

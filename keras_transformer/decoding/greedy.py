@@ -5,6 +5,7 @@ from keras import ops
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
 from keras_transformer.decoding.limits import unflatten_caches
+from keras_transformer.layers.id_range import check_id_range
 
 
 def greedy_search(
@@ -58,7 +59,7 @@ def greedy_search(
     positions = ops.arange(length, dtype="int32")
     caches = flatten_caches(parts.empty_self_caches(batch, length, encoder_outputs.dtype))
     tokens = ops.full((batch, length), pad_id, "int32")
-    last = ops.full((batch,), start_id, "int32")
+    last = check_id_range(ops.full((batch,), start_id, "int32"), parts.vocab_size, "`start_id`")
     finished = ops.zeros((batch,), "bool")
     scores = ops.zeros((batch,), "float32")
     source_length = ops.shape(source_ids)[1]

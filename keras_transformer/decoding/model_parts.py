@@ -96,7 +96,8 @@ class TransformerParts:
         """One decoder position with the cache.
 
         Args:
-            token_ids: int `(batch,)`, the tokens at position `index`.
+            token_ids: int `(batch,)`, the tokens at position `index`, in
+                `[0, vocab_size)` (not checked here: see `check_id_range`).
             index: scalar int, their position.
             self_caches: list of `(key, value)` from `empty_self_caches`.
             cross_caches: list of `(key, value)` from `cross_caches`.
@@ -109,7 +110,11 @@ class TransformerParts:
         """
         weights = weights or self.decoding_weights()
         masks = cached_step_masks(index, ops.shape(self_caches[0][0])[-1], encoder_mask)
-        x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index)
+        # The ids are the search's own outputs (and its start id, checked
+        # once by the search): no range check on this per-step path.
+        x = self.decoder_embedding(
+            ops.expand_dims(token_ids, 1), start_index=index, check_ids=False
+        )
         new_caches = []
         attention = None
         for layer, layer_weights, (key, value), (cross_key, cross_value) in zip(

@@ -105,13 +105,18 @@ class PositionalEmbedding(keras.layers.Layer):
             max_length`.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (cached decoding embeds one token at position `start_index`).
+        check_ids: bool, check that the ids lie in `[0, vocab_size)`
+            (`check_id_range`). Cached decoding passes False: it embeds the
+            search's own outputs, one step at a time.
 
     Returns:
         float tensor `(batch, length, d_model)` in the layer's compute dtype.
 
     Raises:
         ValueError: when `length + start_index` exceeds `max_length` (for a
-            statically known length), or on a non-positive size.
+            statically known length), for an id outside the vocabulary (see
+            `check_id_range` for the errors in compiled code), or on a
+            non-positive size.
 
     Example:
     >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
@@ -178,7 +183,7 @@ class PositionalEmbedding(keras.layers.Layer):
         """The token table, `(vocab_size, d_model)`."""
         return self.token_embedding.embeddings
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, check_ids=True):
         length = inputs.shape[1]
         if (
             length is not None
@@ -212,6 +217,8 @@ class PositionalEmbedding(keras.layers.Layer):
             # in parallel and the slice's own error may come first.
             with tf.control_dependencies([check]):
                 inputs = tf.identity(inputs)
+        if check_ids:
+            inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
         embedded = self._lookup(inputs)
         embedded = ops.multiply(
             embedded, ops.cast(self.d_model**0.5, embedded.dtype)
@@ -228,7 +235,6 @@ class PositionalEmbedding(keras.layers.Layer):
         layer = self.token_embedding
         if layer.quantization_mode is not None or layer.lora_enabled:
             return layer(inputs)
-        inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
         # `keras.layers.Embedding.call`, with a dense gradient on TensorFlow.
         return ops.cast(embedding_lookup(layer.embeddings, inputs), layer.compute_dtype)
 
