@@ -235,7 +235,8 @@ def per_token_weight(weight):
     `(batch, 1)` or `(batch, T)`, to multiply `(batch, T)` losses; a scalar
     as it is. Written without the rank, which a traced function may not
     know (one `fit` with `(batch, T)` weights, then one with `(batch,)`)."""
-    rank = getattr(weight.shape, "rank", None) if hasattr(weight.shape, "rank") else len(weight.shape)
+    # A TensorShape has `rank` (None when unknown); other backends, tuples.
+    rank = weight.shape.rank if hasattr(weight.shape, "rank") else len(weight.shape)
     if rank == 0:
         return weight
     if rank is None and keras.backend.backend() == "tensorflow":
