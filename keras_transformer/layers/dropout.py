@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer import kernels
+
 # Each random uint32 gives the keep decisions of two elements, one per
 # 16-bit half: half the random numbers of a float per element.
 _LEVELS = 1 << 16
@@ -52,7 +54,10 @@ class Dropout(keras.layers.Dropout):
     rounded to a multiple of 2^-16 (0.1000061 for 0.1) and kept elements
     are scaled so that the expectation is unchanged. On bench-small's
     `(1550, 256)` activations, forward and backward, 0.73 against 1.32 ms
-    per call for Keras's dropout on 2 cores. Every other case (other
+    per call for Keras's dropout on 2 cores. Where the fused kernels are
+    built (`keras_transformer.kernels`), float32 training outside XLA runs
+    `kernels.fused_dropout` instead: one pass, forward and backward. Every
+    other case (other
     backends, `noise_shape`, rates below 2^-8 or above 1 - 2^-8, where the
     rounding would matter) is the Keras layer's own `call`.
 
@@ -68,18 +73,28 @@ class Dropout(keras.layers.Dropout):
         section 5.4 (residual dropout, P_drop = 0.1).
     """
 
-    def call(self, inputs, training=False):
-        if (
-            keras.backend.backend() != "tensorflow"
-            or not training
-            or not _FAST_RATES[0] <= self.rate <= _FAST_RATES[1]
-            or self.noise_shape is not None
-        ):
-            return super().call(inputs, training=training)
+    def fast_path(self, training):
+        """Whether `call` runs `_tf_dropout` (or the fused kernel) rather
+        than Keras's dropout."""
+        return (
+            keras.backend.backend() == "tensorflow"
+            and training is True
+            and _FAST_RATES[0] <= self.rate <= _FAST_RATES[1]
+            and self.noise_shape is None
+        )
+
+    def next_seed(self):
+        """An int32 `(2,)` seed from the layer's SeedGenerator, whose state
+        advances each call (as Keras's TensorFlow backend does)."""
         import tensorflow as tf
 
-        # As Keras's TensorFlow backend does: an int32 seed from the layer's
-        # SeedGenerator, whose state advances each call.
         seed = self.seed_generator.next()
-        seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+        return tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+
+    def call(self, inputs, training=False):
+        if not self.fast_path(training):
+            return super().call(inputs, training=training)
+        seed = self.next_seed()
+        if kernels.usable(inputs):
+            return kernels.fused_dropout(inputs, float(self.rate), seed)
         return _tf_dropout(inputs, float(self.rate), seed)

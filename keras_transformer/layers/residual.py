@@ -2,12 +2,30 @@
 
 from keras import ops
 
+from keras_transformer import kernels
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_normalization import LayerNormalization
 
 
 def make_layer_norm(epsilon, dtype, name):
     """A LayerNormalization over the last axis, as every block uses."""
     return LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+
+
+def _fusable(inputs, result, norm, dropout, training):
+    """Whether the post-LN `norm(inputs + dropout(result))` can run as one
+    fused kernel (`kernels.fused_residual_layer_norm`): training on
+    TensorFlow outside XLA, float32 throughout, this package's LayerNorm on
+    its fast path and its Dropout at rate 0 or on its fast path."""
+    if training is not True or not isinstance(norm, LayerNormalization):
+        return False
+    if not isinstance(dropout, Dropout) or (dropout.rate and not dropout.fast_path(training)):
+        return False
+    if norm.compute_dtype != "float32" or not norm._fast_path(inputs):
+        return False
+    if tuple(inputs.shape) != tuple(result.shape):
+        return False
+    return kernels.usable(inputs, result)
 
 
 def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
@@ -17,6 +35,9 @@ def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
     Dropout(Sublayer(x)))`. Pre-LN (`norm_first=True`, Xiong et al., 2020):
     `x + Dropout(Sublayer(LayerNorm(x)))`, which trains without warm-up
     trouble in deep stacks; the stack then needs one final LayerNorm.
+
+    In post-LN training on TensorFlow, the dropout, add and LayerNorm run as
+    one fused kernel where it is built (`keras_transformer.kernels`).
 
     Args:
         inputs: float tensor `(batch, length, d_model)`.
@@ -35,6 +56,18 @@ def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
     extras = ()
     if isinstance(result, tuple):
         result, extras = result[0], result[1:]
+    if not norm_first and _fusable(inputs, result, norm, dropout, training):
+        seed = dropout.next_seed() if dropout.rate else ops.zeros((2,), "int32")
+        outputs = kernels.fused_residual_layer_norm(
+            inputs,
+            result,
+            ops.convert_to_tensor(norm.gamma),
+            ops.convert_to_tensor(norm.beta),
+            float(dropout.rate),
+            seed,
+            float(norm.epsilon),
+        )
+        return outputs, extras
     outputs = ops.add(inputs, dropout(result, training=training))
     if not norm_first:
         outputs = norm(outputs)

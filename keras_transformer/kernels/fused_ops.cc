@@ -1,0 +1,356 @@
+// Fused CPU kernels for training the Transformer with TensorFlow (float32).
+//
+// Dropout (Srivastava et al., 2014) and the post-LN residual connection
+// `LayerNorm(x + Dropout(y))` of every sub-layer (Vaswani et al., 2017,
+// sections 3.1 and 5.4), each forward and backward in one pass over memory
+// instead of a chain of TensorFlow element-wise ops. Built and loaded by
+// `keras_transformer/kernels/__init__.py`; used in training only, so no
+// SavedModel for serving refers to these ops.
+//
+// Random numbers: element i of a tensor (row-major) is kept when the 16-bit
+// field i % 4 of mix64(key + i / 4) is at least `threshold`, with key drawn
+// from the (2,) int64 seed. The same seed gives the same mask in KtDropout
+// and KtResidualLayerNorm, and the backward kernels recompute it instead of
+// storing it.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace keras_transformer {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::errors::InvalidArgument;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// SplitMix64's output function (Steele, Lea and Flood, 2014): a bijective
+// mixer; over consecutive counters it is the SplitMix64 generator, which
+// passes BigCrush.
+inline uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t SeedKey(const Tensor& seed) {
+  const auto s = seed.flat<int64_t>();
+  return Mix64(Mix64(static_cast<uint64_t>(s(0))) ^ static_cast<uint64_t>(s(1)));
+}
+
+// keep[k] = `scale` or 0 for the elements i = begin + k, k < count.
+inline void KeepFactors(uint64_t key, int64_t begin, int64_t count,
+                        uint32_t threshold, float scale, float* keep) {
+  int64_t k = 0;
+  // Up to the first multiple of 4, one element at a time.
+  for (; k < count && (begin + k) % 4 != 0; ++k) {
+    const int64_t i = begin + k;
+    const uint64_t v = Mix64(key + static_cast<uint64_t>(i / 4));
+    keep[k] = scale * static_cast<float>(((v >> (16 * (i % 4))) & 0xffff) >= threshold);
+  }
+  // Whole groups of 4: one hash each.
+  const int64_t groups = (count - k) / 4;
+  const uint64_t first = static_cast<uint64_t>((begin + k) / 4);
+  float* out = keep + k;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint64_t v = Mix64(key + first + static_cast<uint64_t>(g));
+    out[4 * g + 0] = scale * static_cast<float>((v & 0xffff) >= threshold);
+    out[4 * g + 1] = scale * static_cast<float>(((v >> 16) & 0xffff) >= threshold);
+    out[4 * g + 2] = scale * static_cast<float>(((v >> 32) & 0xffff) >= threshold);
+    out[4 * g + 3] = scale * static_cast<float>((v >> 48) >= threshold);
+  }
+  k += 4 * groups;
+  for (; k < count; ++k) {
+    const int64_t i = begin + k;
+    const uint64_t v = Mix64(key + static_cast<uint64_t>(i / 4));
+    keep[k] = scale * static_cast<float>(((v >> (16 * (i % 4))) & 0xffff) >= threshold);
+  }
+}
+
+void ParallelRows(OpKernelContext* ctx, int64_t rows, int64_t cost_per_row,
+                  const std::function<void(int64_t, int64_t)>& work) {
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+      rows, cost_per_row, work);
+}
+
+// Reads the attributes shared by every kernel here.
+struct DropoutAttrs {
+  explicit DropoutAttrs(OpKernelConstruction* ctx) {
+    int t;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("threshold", &t));
+    OP_REQUIRES(ctx, t >= 0 && t < 65536,
+                InvalidArgument("threshold must be in [0, 65536), got ", t));
+    threshold = static_cast<uint32_t>(t);
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale));
+  }
+  uint32_t threshold = 0;
+  float scale = 1.f;
+};
+
+bool CheckSeed(OpKernelContext* ctx, const Tensor& seed) {
+  if (seed.NumElements() == 2) return true;
+  ctx->CtxFailure(InvalidArgument("seed must hold 2 int64 values, got shape ",
+                                  seed.shape().DebugString()));
+  return false;
+}
+
+REGISTER_OP("KtDropout")
+    .Input("x: float")
+    .Input("seed: int64")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Output("y: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("y = x * keep, keep = scale or 0 per element (see the file header). "
+         "Its own gradient: KtDropout of the upstream gradient, same seed.");
+
+class DropoutOp : public OpKernel {
+ public:
+  explicit DropoutOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& seed = ctx->input(1);
+    if (!CheckSeed(ctx, seed)) return;
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &y));
+    const int64_t n = x.NumElements();
+    const uint64_t key = SeedKey(seed);
+    const float* px = x.flat<float>().data();
+    float* py = y->flat<float>().data();
+    const int64_t block = 4096;
+    const uint32_t threshold = attrs_.threshold;
+    const float scale = attrs_.scale;
+    ParallelRows(ctx, (n + block - 1) / block, 8 * block, [&](int64_t b, int64_t e) {
+      std::vector<float> keep(block);
+      for (int64_t blk = b; blk < e; ++blk) {
+        const int64_t begin = blk * block, count = std::min(block, n - begin);
+        KeepFactors(key, begin, count, threshold, scale, keep.data());
+        for (int64_t k = 0; k < count; ++k) py[begin + k] = px[begin + k] * keep[k];
+      }
+    });
+  }
+
+ private:
+  DropoutAttrs attrs_;
+};
+
+REGISTER_OP("KtResidualLayerNorm")
+    .Input("x: float")
+    .Input("y: float")
+    .Input("seed: int64")
+    .Input("gamma: float")
+    .Input("beta: float")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Attr("epsilon: float")
+    .Output("out: float")
+    .Output("x_hat: float")
+    .Output("inv_std: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 0, -1, &rows));
+      c->set_output(2, rows);
+      return absl::OkStatus();
+    })
+    .Doc("out = LayerNorm(x + y * keep) over the last axis, with x_hat and "
+         "1/sqrt(var + epsilon) per row for the gradient.");
+
+class ResidualLayerNormOp : public OpKernel {
+ public:
+  explicit ResidualLayerNormOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& y = ctx->input(1);
+    const Tensor& seed = ctx->input(2);
+    const Tensor& gamma = ctx->input(3);
+    const Tensor& beta = ctx->input(4);
+    if (!CheckSeed(ctx, seed)) return;
+    OP_REQUIRES(ctx, x.dims() >= 1, InvalidArgument("x must have rank >= 1"));
+    OP_REQUIRES(ctx, x.shape() == y.shape(),
+                InvalidArgument("x and y differ in shape: ", x.shape().DebugString(),
+                                " against ", y.shape().DebugString()));
+    const int64_t d = x.dim_size(x.dims() - 1);
+    OP_REQUIRES(ctx, gamma.NumElements() == d && beta.NumElements() == d,
+                InvalidArgument("gamma and beta must have ", d, " elements"));
+    const int64_t n = d ? x.NumElements() / d : 0;
+    Tensor *out = nullptr, *x_hat = nullptr, *inv_std = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, x.shape(), &x_hat));
+    TensorShape rows = x.shape();
+    rows.RemoveLastDims(1);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, rows, &inv_std));
+    if (n == 0 || d == 0) return;
+    const uint64_t key = SeedKey(seed);
+    const float* px = x.flat<float>().data();
+    const float* py = y.flat<float>().data();
+    const float* pg = gamma.flat<float>().data();
+    const float* pb = beta.flat<float>().data();
+    float* po = out->flat<float>().data();
+    float* ph = x_hat->flat<float>().data();
+    float* pi = inv_std->flat<float>().data();
+    const uint32_t threshold = attrs_.threshold;
+    const float scale = attrs_.scale, epsilon = epsilon_;
+    ParallelRows(ctx, n, 16 * d, [&](int64_t b, int64_t e) {
+      std::vector<float> keep(d);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t o = r * d;
+        KeepFactors(key, o, d, threshold, scale, keep.data());
+        float* z = ph + o;
+        float sum = 0.f;
+        for (int64_t j = 0; j < d; ++j) {
+          z[j] = px[o + j] + py[o + j] * keep[j];
+          sum += z[j];
+        }
+        const float mean = sum / d;
+        float var = 0.f;
+        for (int64_t j = 0; j < d; ++j) {
+          const float c = z[j] - mean;
+          var += c * c;
+        }
+        const float inv = 1.f / std::sqrt(var / d + epsilon);
+        pi[r] = inv;
+        for (int64_t j = 0; j < d; ++j) {
+          const float h = (z[j] - mean) * inv;
+          z[j] = h;
+          po[o + j] = h * pg[j] + pb[j];
+        }
+      }
+    });
+  }
+
+ private:
+  DropoutAttrs attrs_;
+  float epsilon_ = 0.f;
+};
+
+REGISTER_OP("KtResidualLayerNormGrad")
+    .Input("dout: float")
+    .Input("x_hat: float")
+    .Input("inv_std: float")
+    .Input("gamma: float")
+    .Input("seed: int64")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Output("dx: float")
+    .Output("dy: float")
+    .Output("dgamma: float")
+    .Output("dbeta: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      c->set_output(2, c->input(3));
+      c->set_output(3, c->input(3));
+      return absl::OkStatus();
+    })
+    .Doc("Gradient of KtResidualLayerNorm: with g = dout * gamma, dx = "
+         "inv_std * (g - mean(g) - x_hat * mean(g * x_hat)), dy = dx * keep, "
+         "dgamma = sum(dout * x_hat), dbeta = sum(dout) over the rows.");
+
+class ResidualLayerNormGradOp : public OpKernel {
+ public:
+  explicit ResidualLayerNormGradOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& dout = ctx->input(0);
+    const Tensor& x_hat = ctx->input(1);
+    const Tensor& inv_std = ctx->input(2);
+    const Tensor& gamma = ctx->input(3);
+    const Tensor& seed = ctx->input(4);
+    if (!CheckSeed(ctx, seed)) return;
+    OP_REQUIRES(ctx, dout.shape() == x_hat.shape() && dout.dims() >= 1,
+                InvalidArgument("dout and x_hat differ in shape"));
+    const int64_t d = dout.dim_size(dout.dims() - 1);
+    const int64_t n = d ? dout.NumElements() / d : 0;
+    OP_REQUIRES(ctx, gamma.NumElements() == d && inv_std.NumElements() == n,
+                InvalidArgument("gamma or inv_std has the wrong size"));
+    Tensor *dx = nullptr, *dy = nullptr, *dgamma = nullptr, *dbeta = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, dout.shape(), &dx));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, dout.shape(), &dy));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, gamma.shape(), &dgamma));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, gamma.shape(), &dbeta));
+    float* pdg = dgamma->flat<float>().data();
+    float* pdb = dbeta->flat<float>().data();
+    std::fill(pdg, pdg + d, 0.f);
+    std::fill(pdb, pdb + d, 0.f);
+    if (n == 0 || d == 0) return;
+    const uint64_t key = SeedKey(seed);
+    const float* pd = dout.flat<float>().data();
+    const float* ph = x_hat.flat<float>().data();
+    const float* pi = inv_std.flat<float>().data();
+    const float* pg = gamma.flat<float>().data();
+    float* pdx = dx->flat<float>().data();
+    float* pdy = dy->flat<float>().data();
+    const uint32_t threshold = attrs_.threshold;
+    const float scale = attrs_.scale;
+    // Row blocks, each with its own partial sums of dgamma and dbeta
+    // (a fixed split, so the sums do not depend on the thread count).
+    const int64_t blocks = std::min<int64_t>(n, 32);
+    const int64_t per_block = (n + blocks - 1) / blocks;
+    std::vector<float> partial(2 * blocks * d, 0.f);
+    ParallelRows(ctx, blocks, 20 * d * per_block, [&](int64_t b, int64_t e) {
+      std::vector<float> keep(d);
+      for (int64_t blk = b; blk < e; ++blk) {
+        float* sum_gamma = partial.data() + 2 * blk * d;
+        float* sum_beta = sum_gamma + d;
+        const int64_t last = std::min(n, (blk + 1) * per_block);
+        for (int64_t r = blk * per_block; r < last; ++r) {
+          const int64_t o = r * d;
+          KeepFactors(key, o, d, threshold, scale, keep.data());
+          float mean_g = 0.f, mean_gh = 0.f;
+          for (int64_t j = 0; j < d; ++j) {
+            const float g = pd[o + j] * pg[j];
+            mean_g += g;
+            mean_gh += g * ph[o + j];
+          }
+          mean_g /= d;
+          mean_gh /= d;
+          const float inv = pi[r];
+          for (int64_t j = 0; j < d; ++j) {
+            const float g = inv * (pd[o + j] * pg[j] - mean_g - ph[o + j] * mean_gh);
+            pdx[o + j] = g;
+            pdy[o + j] = g * keep[j];
+            sum_gamma[j] += pd[o + j] * ph[o + j];
+            sum_beta[j] += pd[o + j];
+          }
+        }
+      }
+    });
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      for (int64_t j = 0; j < d; ++j) {
+        pdg[j] += partial[2 * blk * d + j];
+        pdb[j] += partial[2 * blk * d + d + j];
+      }
+    }
+  }
+
+ private:
+  DropoutAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KtDropout").Device(DEVICE_CPU), DropoutOp);
+REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNorm").Device(DEVICE_CPU), ResidualLayerNormOp);
+REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNormGrad").Device(DEVICE_CPU),
+                        ResidualLayerNormGradOp);
+
+}  // namespace keras_transformer

@@ -1,0 +1,245 @@
+"""The fused CPU training kernels (`keras_transformer.kernels`): values
+against NumPy, gradients against TensorFlow's autodiff of the same formula,
+the dropout mask against a NumPy copy of its hash, and where they run."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="TensorFlow kernels"
+)
+
+tf = pytest.importorskip("tensorflow")
+
+from keras_transformer import kernels  # noqa: E402
+
+MASK64 = (1 << 64) - 1
+
+
+@pytest.fixture(scope="module")
+def module():
+    loaded = kernels.load()
+    if loaded is None:
+        message = "fused kernels unavailable (no C++ compiler, or turned off)"
+        if os.environ.get("CI") and not kernels._disabled():
+            pytest.fail(message)
+        pytest.skip(message)
+    return loaded
+
+
+def mix64(z):
+    """SplitMix64's output function, as in fused_ops.cc."""
+    z = (z + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def numpy_keep(shape, rate, seed):
+    """The keep factors the header of fused_ops.cc defines, element by element."""
+    threshold, scale = kernels.dropout_constants(rate)
+    key = mix64(mix64(seed[0] & MASK64) ^ (seed[1] & MASK64))
+    size = int(np.prod(shape))
+    keep = np.empty(size, "float32")
+    for i in range(size):
+        field = (mix64((key + i // 4) & MASK64) >> (16 * (i % 4))) & 0xFFFF
+        keep[i] = scale if field >= threshold else 0.0
+    return keep.reshape(shape)
+
+
+def numpy_layer_norm(z, gamma, beta, epsilon):
+    mean = z.mean(-1, keepdims=True)
+    var = ((z - mean) ** 2).mean(-1, keepdims=True)
+    return (z - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+def test_dropout_constants():
+    assert kernels.dropout_constants(0.1) == (6554, 65536 / (65536 - 6554))
+    assert kernels.dropout_constants(0.0) == (0, 1.0)
+    with pytest.raises(ValueError, match="rate"):
+        kernels.dropout_constants(1.0)
+
+
+def test_dropout_mask_is_the_documented_hash(module):
+    """7 x 5 (35 elements: groups of 4 cut at both ends of every row)."""
+    for seed in ([3, 9], [-1, 123456789]):
+        for rate in (0.1, 0.5):
+            keep = kernels.fused_dropout(tf.ones((7, 5)), rate, tf.constant(seed))
+            np.testing.assert_array_equal(keep.numpy(), numpy_keep((7, 5), rate, seed))
+
+
+def test_dropout_rate_scale_and_seed(module):
+    """Values are 0 or 1/(1-p); the drop share is p within 5 standard
+    deviations over 409,600 elements; a seed fixes the mask."""
+    x = tf.ones((64, 4, 40, 40))
+    threshold, scale = kernels.dropout_constants(0.1)
+    p = threshold / 65536
+    y = kernels.fused_dropout(x, 0.1, tf.constant([1, 2])).numpy()
+    assert set(np.unique(y)) == {0.0, np.float32(scale)}
+    dropped = (y == 0).mean()
+    assert abs(dropped - p) < 5 * np.sqrt(p * (1 - p) / y.size)
+    again = kernels.fused_dropout(x, 0.1, tf.constant([1, 2])).numpy()
+    other = kernels.fused_dropout(x, 0.1, tf.constant([1, 3])).numpy()
+    np.testing.assert_array_equal(y, again)
+    assert (y != other).mean() > 0.1
+    # The expectation is kept: mean of kept-and-scaled ones is about 1.
+    assert abs(y.mean() - 1.0) < 0.01
+
+
+def test_dropout_gradient_is_the_same_mask(module):
+    x = tf.random.normal((33, 7))
+    w = tf.random.normal((33, 7))
+    seed = tf.constant([5, 6])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(kernels.fused_dropout(x, 0.3, seed) * w)
+    keep = numpy_keep((33, 7), 0.3, [5, 6])
+    np.testing.assert_allclose(tape.gradient(loss, x).numpy(), w.numpy() * keep, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1, 0.4])
+@pytest.mark.parametrize("shape", [(13, 10), (2, 5, 24)])
+def test_residual_layer_norm_forward_and_gradient(module, rate, shape):
+    """LayerNorm(x + Dropout(y)) against NumPy, and its four gradients
+    against TensorFlow's autodiff of the same formula with the same mask."""
+    rng = np.random.default_rng(0)
+    d = shape[-1]
+    x, y, upstream = (rng.normal(size=shape).astype("float32") * 3 for _ in range(3))
+    gamma, beta = (rng.normal(size=d).astype("float32") for _ in range(2))
+    seed = [11, 12]
+    keep = numpy_keep(shape, rate, seed)
+    tensors = [tf.constant(v) for v in (x, y, gamma, beta)]
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        out = kernels.fused_residual_layer_norm(*tensors, rate, tf.constant(seed), 1e-3)
+    grads = tape.gradient(out, tensors, output_gradients=tf.constant(upstream))
+    np.testing.assert_allclose(
+        out.numpy(), numpy_layer_norm(x + y * keep, gamma, beta, 1e-3), rtol=1e-5, atol=1e-5
+    )
+    with tf.GradientTape() as tape:
+        tape.watch(tensors)
+        tx, ty, tg, tb = tensors
+        z = tx + ty * keep
+        mean = tf.reduce_mean(z, -1, keepdims=True)
+        var = tf.reduce_mean(tf.square(z - mean), -1, keepdims=True)
+        reference = (z - mean) * tf.math.rsqrt(var + 1e-3) * tg + tb
+    expected = tape.gradient(reference, tensors, output_gradients=tf.constant(upstream))
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_reject_bad_inputs(module):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="seed"):
+        module.kt_dropout(tf.ones((2, 2)), tf.constant([1], tf.int64), threshold=1, scale=1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="differ in shape"):
+        module.kt_residual_layer_norm(
+            tf.ones((2, 4)), tf.ones((3, 4)), tf.constant([1, 2], tf.int64),
+            tf.ones(4), tf.ones(4), threshold=0, scale=1.0, epsilon=1e-6,
+        )
+
+
+def small_model(dropout_rate, vocab=40):
+    from keras_transformer import build_transformer
+
+    keras.utils.set_random_seed(0)
+    return build_transformer(
+        vocab, vocab, num_layers=1, d_model=16, num_heads=2, dff=32,
+        dropout_rate=dropout_rate, max_length=9,
+    )
+
+
+def batch():
+    rng = np.random.default_rng(1)
+    src = rng.integers(4, 40, (4, 9)).astype("int32")
+    tgt = rng.integers(4, 40, (4, 9)).astype("int32")
+    src[:, 6:] = 0
+    tgt[1:, 5:] = 0
+    return {"encoder_inputs": src, "decoder_inputs": tgt}, tgt
+
+
+def train_step_ops_and_gradients(model, use_kernels, monkeypatch):
+    from keras_transformer import masked_loss
+
+    if not use_kernels:
+        monkeypatch.setattr(kernels, "load", lambda: None)
+    x, y = batch()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = masked_loss(y, model(x, training=True), label_smoothing=0.1)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    concrete = step.get_concrete_function(x, y)
+    op_types = {op.type for op in concrete.graph.get_operations()}
+    for function in concrete.graph._functions.values():
+        op_types |= {node.op for node in function.definition.node_def}
+    loss, grads = step(x, y)
+    monkeypatch.undo()
+    return op_types, loss.numpy(), [g.numpy() for g in grads]
+
+
+def test_training_step_runs_the_kernels_and_matches_without_them(module, monkeypatch):
+    """At dropout 0 the fused step gives the loss and every gradient of the
+    TensorFlow-op step; the fused ops are in the training graph only."""
+    model = small_model(0.0)
+    fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
+    plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
+    assert "KtResidualLayerNorm" in fused_ops and "KtResidualLayerNormGrad" in fused_ops
+    assert not any(op.startswith("Kt") for op in plain_ops)
+    np.testing.assert_allclose(fused_loss, plain_loss, rtol=1e-5)
+    for got, want in zip(fused_grads, plain_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    x, _ = batch()
+    inference = tf.function(lambda x: model(x, training=False)).get_concrete_function(x)
+    assert not any(op.type.startswith("Kt") for op in inference.graph.get_operations())
+
+
+def test_dropout_layers_use_the_kernel_in_training(module):
+    from keras_transformer.layers import Dropout
+
+    layer = Dropout(0.1)
+    graph = tf.function(lambda x: layer(x, training=True)).get_concrete_function(
+        tf.TensorSpec((None, 8), tf.float32)
+    ).graph
+    assert "KtDropout" in {op.type for op in graph.get_operations()}
+    graph = tf.function(lambda x: layer(x, training=True), jit_compile=True).get_concrete_function(
+        tf.TensorSpec((4, 8), tf.float32)
+    ).graph
+    assert "KtDropout" not in {op.type for op in graph.get_operations()}
+
+
+def test_fit_then_export_has_no_fused_ops(module, tmp_path):
+    """A model trained with the kernels exports a SavedModel of core and
+    tensorflow-text ops only (TF Serving has no Kt* kernels)."""
+    from keras_transformer import MaskedSparseCategoricalCrossentropy, Translator
+    from keras_transformer.export import export_translator, saved_model_op_types
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"a b c {w} d e" for w in "fghijklmnopq") + "\n")
+    tok = train_subword_tokenizer(str(corpus), 40)
+    model = small_model(0.1, tok.vocab_size)
+    model.compile("adam", MaskedSparseCategoricalCrossentropy())
+    x, y = batch()
+    x = {k: v % tok.vocab_size for k, v in x.items()}
+    y = y % tok.vocab_size
+    model.fit(x, y, epochs=1, verbose=0)
+    path = export_translator(Translator(model, tok, tok, beam_size=1), str(tmp_path / "sm"))
+    assert not [op for op in saved_model_op_types(path) if op.startswith("Kt")]
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+    assert kernels.load.__wrapped__() is None
+
+
+def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setenv(kernels.ENV_SWITCH, "1")
+    monkeypatch.setenv(kernels.ENV_CACHE, str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    with pytest.warns(UserWarning, match="could not be built"):
+        assert kernels.load.__wrapped__() is None
