@@ -131,6 +131,17 @@ def test_residual_layer_norm_forward_and_gradient(module, rate, shape):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_gather_rows_with_a_zero_row(module):
+    params = np.arange(12, dtype="float32").reshape(4, 3)
+    index = np.array([2, 4, 0, 4, 3], "int32")  # 4 = the zero row
+    expected = np.concatenate([params, np.zeros((1, 3), "float32")])[index]
+    np.testing.assert_array_equal(module.kt_gather_rows(params, index).numpy(), expected)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        module.kt_gather_rows(params, np.array([5], "int32"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        module.kt_gather_rows(params, np.array([-1], "int32"))
+
+
 def test_kernels_reject_bad_inputs(module):
     with pytest.raises(tf.errors.InvalidArgumentError, match="seed"):
         module.kt_dropout(tf.ones((2, 2)), tf.constant([1], tf.int64), threshold=1, scale=1.0)
@@ -188,7 +199,8 @@ def test_training_step_runs_the_kernels_and_matches_without_them(module, monkeyp
     model = small_model(0.0)
     fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
     plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
-    assert "KtResidualLayerNorm" in fused_ops and "KtResidualLayerNormGrad" in fused_ops
+    assert {"KtResidualLayerNorm", "KtResidualLayerNormGrad", "KtMaskedSoftmaxDropout",
+            "KtMaskedSoftmaxDropoutGrad", "KtGatherRows"} <= fused_ops
     assert not any(op.startswith("Kt") for op in plain_ops)
     np.testing.assert_allclose(fused_loss, plain_loss, rtol=1e-5)
     for got, want in zip(fused_grads, plain_grads):
@@ -243,3 +255,45 @@ def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
     with pytest.warns(UserWarning, match="could not be built"):
         assert kernels.load.__wrapped__() is None
+
+
+def numpy_masked_softmax(scores, mask):
+    blocked = np.where(mask, scores, -np.inf)
+    top = blocked.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.where(mask, np.exp(scores - top), 0.0)
+    total = e.sum(-1, keepdims=True)
+    return np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_masked_softmax_dropout_forward_and_gradient(module, rate):
+    """Against NumPy and against TensorFlow's autodiff of `masked_softmax`
+    times the same mask, with a causal + padding mask that blocks one query
+    row entirely (C08: zeros, no NaN)."""
+    from keras_transformer.layers import masked_softmax
+
+    rng = np.random.default_rng(2)
+    shape = (2, 3, 5, 7)
+    scores = (rng.normal(size=shape) * 4).astype("float32")
+    mask = np.tril(np.ones((5, 7), bool))[None, None] & (rng.random((2, 1, 1, 7)) > 0.2)
+    mask = np.broadcast_to(mask, shape).copy()
+    mask[1, 2, 3] = False  # a row with no allowed key
+    seed = [7, 8]
+    keep = numpy_keep(shape, rate, seed)
+    up_w, up_d = (rng.normal(size=shape).astype("float32") for _ in range(2))
+    s = tf.constant(scores)
+    with tf.GradientTape() as tape:
+        tape.watch(s)
+        weights, dropped = kernels.fused_masked_softmax_dropout(s, mask, rate, tf.constant(seed))
+        loss = tf.reduce_sum(weights * up_w) + tf.reduce_sum(dropped * up_d)
+    got = tape.gradient(loss, s).numpy()
+    expected = numpy_masked_softmax(scores, mask)
+    np.testing.assert_allclose(weights.numpy(), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dropped.numpy(), expected * keep, rtol=1e-5, atol=1e-7)
+    assert np.all(weights.numpy()[1, 2, 3] == 0) and np.all(np.isfinite(got))
+    with tf.GradientTape() as tape:
+        tape.watch(s)
+        reference = masked_softmax(s, mask)
+        loss = tf.reduce_sum(reference * up_w) + tf.reduce_sum(reference * keep * up_d)
+    np.testing.assert_allclose(got, tape.gradient(loss, s).numpy(), rtol=1e-4, atol=1e-6)

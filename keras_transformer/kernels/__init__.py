@@ -250,3 +250,42 @@ def fused_residual_layer_norm(x, y, gamma, beta, rate, seed, epsilon):
         return out, grad
 
     return residual_layer_norm(x, y, gamma, beta)
+
+
+def fused_masked_softmax_dropout(scores, mask, rate, seed):
+    """Attention weights and their dropout in one pass (equation (1),
+    section 5.4 on the weights).
+
+    The weights are `layers.masked_softmax(scores, mask)`: a softmax over
+    the allowed keys, exactly 0 at blocked ones and in a row with none
+    allowed. The dropout mask is `fused_dropout`'s for the same seed.
+
+    Args:
+        scores: float32 `(..., query_length, key_length)`.
+        mask: bool tensor broadcastable to `scores`, True where allowed.
+        rate: python float in [0, 1).
+        seed: int tensor `(2,)`.
+
+    Returns:
+        `(weights, dropped)`, both float32 of the shape of `scores`.
+    """
+    import tensorflow as tf
+
+    module = load()
+    threshold, scale = dropout_constants(rate)
+    seed = _seed64(seed)
+    constants = dict(threshold=threshold, scale=scale)
+    mask = tf.broadcast_to(tf.cast(mask, tf.bool), tf.shape(scores))
+
+    @tf.custom_gradient
+    def softmax_dropout(scores):
+        weights, dropped = module.kt_masked_softmax_dropout(scores, mask, seed, **constants)
+
+        def grad(d_weights, d_dropped):
+            return module.kt_masked_softmax_dropout_grad(
+                weights, d_weights, d_dropped, seed, **constants
+            )
+
+        return (weights, dropped), grad
+
+    return softmax_dropout(scores)

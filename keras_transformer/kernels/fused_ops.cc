@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -348,6 +350,215 @@ class ResidualLayerNormGradOp : public OpKernel {
   DropoutAttrs attrs_;
 };
 
+// exp(x) for float32 without a libm call, so that loops over it vectorize:
+// Cephes' expf (range reduction by ln 2, degree-5 polynomial), within 2 ulp
+// on [-87.3, 88.3]; inputs are clamped to that range, so exp of anything
+// below -87.3 is 1.2e-38 rather than 0. Here x = score - row max <= 0.
+inline float FastExp(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+REGISTER_OP("KtMaskedSoftmaxDropout")
+    .Input("scores: float")
+    .Input("mask: bool")
+    .Input("seed: int64")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Output("weights: float")
+    .Output("dropped: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("weights = softmax over the last axis of the allowed scores (mask "
+         "True), 0 at blocked ones and in rows with none allowed; dropped = "
+         "weights * keep. mask has the shape of scores.");
+
+class MaskedSoftmaxDropoutOp : public OpKernel {
+ public:
+  explicit MaskedSoftmaxDropoutOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& scores = ctx->input(0);
+    const Tensor& mask = ctx->input(1);
+    const Tensor& seed = ctx->input(2);
+    if (!CheckSeed(ctx, seed)) return;
+    OP_REQUIRES(ctx, scores.dims() >= 1 && mask.shape() == scores.shape(),
+                InvalidArgument("mask must have the shape of scores: ",
+                                mask.shape().DebugString(), " against ",
+                                scores.shape().DebugString()));
+    Tensor *weights = nullptr, *dropped = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, scores.shape(), &weights));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, scores.shape(), &dropped));
+    const int64_t k = scores.dim_size(scores.dims() - 1);
+    const int64_t n = k ? scores.NumElements() / k : 0;
+    if (n == 0) return;
+    const uint64_t key = SeedKey(seed);
+    const float* ps = scores.flat<float>().data();
+    const bool* pm = mask.flat<bool>().data();
+    float* pw = weights->flat<float>().data();
+    float* pd = dropped->flat<float>().data();
+    const uint32_t threshold = attrs_.threshold;
+    const float scale = attrs_.scale;
+    ParallelRows(ctx, n, 24 * k, [&](int64_t b, int64_t e) {
+      std::vector<float> keep(k);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t o = r * k;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < k; ++j)
+          if (pm[o + j]) top = std::max(top, ps[o + j]);
+        float total = 0.f;
+        for (int64_t j = 0; j < k; ++j) {
+          const float v = pm[o + j] ? FastExp(ps[o + j] - top) : 0.f;
+          pw[o + j] = v;
+          total += v;
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        KeepFactors(key, o, k, threshold, scale, keep.data());
+        for (int64_t j = 0; j < k; ++j) {
+          pw[o + j] *= inv;
+          pd[o + j] = pw[o + j] * keep[j];
+        }
+      }
+    });
+  }
+
+ private:
+  DropoutAttrs attrs_;
+};
+
+REGISTER_OP("KtMaskedSoftmaxDropoutGrad")
+    .Input("weights: float")
+    .Input("dweights: float")
+    .Input("ddropped: float")
+    .Input("seed: int64")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Output("dscores: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Gradient of KtMaskedSoftmaxDropout: with g = dweights + ddropped * "
+         "keep, dscores = weights * (g - sum(g * weights)) per row.");
+
+class MaskedSoftmaxDropoutGradOp : public OpKernel {
+ public:
+  explicit MaskedSoftmaxDropoutGradOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& weights = ctx->input(0);
+    const Tensor& dweights = ctx->input(1);
+    const Tensor& ddropped = ctx->input(2);
+    const Tensor& seed = ctx->input(3);
+    if (!CheckSeed(ctx, seed)) return;
+    OP_REQUIRES(ctx, weights.dims() >= 1 && dweights.shape() == weights.shape() &&
+                         ddropped.shape() == weights.shape(),
+                InvalidArgument("the gradients must have the shape of weights"));
+    Tensor* dscores = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, weights.shape(), &dscores));
+    const int64_t k = weights.dim_size(weights.dims() - 1);
+    const int64_t n = k ? weights.NumElements() / k : 0;
+    if (n == 0) return;
+    const uint64_t key = SeedKey(seed);
+    const float* pw = weights.flat<float>().data();
+    const float* pgw = dweights.flat<float>().data();
+    const float* pgd = ddropped.flat<float>().data();
+    float* out = dscores->flat<float>().data();
+    const uint32_t threshold = attrs_.threshold;
+    const float scale = attrs_.scale;
+    ParallelRows(ctx, n, 16 * k, [&](int64_t b, int64_t e) {
+      std::vector<float> keep(k);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t o = r * k;
+        KeepFactors(key, o, k, threshold, scale, keep.data());
+        float dot = 0.f;
+        for (int64_t j = 0; j < k; ++j) {
+          const float g = pgw[o + j] + pgd[o + j] * keep[j];
+          out[o + j] = g;
+          dot += g * pw[o + j];
+        }
+        for (int64_t j = 0; j < k; ++j) out[o + j] = pw[o + j] * (out[o + j] - dot);
+      }
+    });
+  }
+
+ private:
+  DropoutAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KtMaskedSoftmaxDropout").Device(DEVICE_CPU),
+                        MaskedSoftmaxDropoutOp);
+REGISTER_KERNEL_BUILDER(Name("KtMaskedSoftmaxDropoutGrad").Device(DEVICE_CPU),
+                        MaskedSoftmaxDropoutGradOp);
+REGISTER_OP("KtGatherRows")
+    .Input("params: float")
+    .Input("indices: int32")
+    .Output("out: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, out;
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 1, &features));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(1), features, &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc("out[s] = params[indices[s]], and a row of zeros where indices[s] "
+         "== params.shape[0] (the padding rows of layers/unpadding.py).");
+
+class GatherRowsOp : public OpKernel {
+ public:
+  explicit GatherRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& params = ctx->input(0);
+    const Tensor& indices = ctx->input(1);
+    OP_REQUIRES(ctx, params.dims() >= 1 && indices.dims() == 1,
+                InvalidArgument("params must have rank >= 1 and indices rank 1"));
+    const int64_t rows = params.dim_size(0);
+    const int64_t features = rows ? params.NumElements() / rows : 0;
+    const int64_t n = indices.dim_size(0);
+    TensorShape shape = params.shape();
+    shape.set_dim(0, n);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
+    const int32_t* pi = indices.flat<int32_t>().data();
+    for (int64_t s = 0; s < n; ++s) {
+      OP_REQUIRES(ctx, pi[s] >= 0 && pi[s] <= rows,
+                  InvalidArgument("index ", pi[s], " at ", s, " is outside [0, ", rows, "]"));
+    }
+    if (n == 0 || features == 0) return;
+    const float* pp = params.flat<float>().data();
+    float* po = out->flat<float>().data();
+    const size_t bytes = features * sizeof(float);
+    ParallelRows(ctx, n, 2 * features, [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        if (pi[s] < rows) {
+          std::memcpy(po + s * features, pp + pi[s] * features, bytes);
+        } else {
+          std::memset(po + s * features, 0, bytes);
+        }
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("KtGatherRows").Device(DEVICE_CPU), GatherRowsOp);
 REGISTER_KERNEL_BUILDER(Name("KtDropout").Device(DEVICE_CPU), DropoutOp);
 REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNorm").Device(DEVICE_CPU), ResidualLayerNormOp);
 REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNormGrad").Device(DEVICE_CPU),

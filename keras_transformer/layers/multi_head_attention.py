@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import kernels
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
@@ -99,8 +100,27 @@ def heads_first_attention(query, key, value, mask=None, dropout=None, training=N
     )
 
 
+def _fusable(scores, mask, dropout, training):
+    """Whether the masked softmax and the weights' dropout can run as one
+    fused kernel (`kernels.fused_masked_softmax_dropout`): training on
+    TensorFlow outside XLA in float32, with a mask, and this package's
+    Dropout (at rate 0 or on its fast path) or none."""
+    if training is not True or mask is None:
+        return False
+    if dropout is not None and (
+        not isinstance(dropout, Dropout) or (dropout.rate and not dropout.fast_path(training))
+    ):
+        return False
+    return kernels.usable(scores)
+
+
 def _attention(query, key, value, mask, dropout, training, scores_equation, output_equation):
     scores = ops.einsum(scores_equation, query, key)
+    if keras.backend.standardize_dtype(value.dtype) == "float32" and _fusable(scores, mask, dropout, training):
+        rate = float(dropout.rate) if dropout is not None else 0.0
+        seed = dropout.next_seed() if rate else ops.zeros((2,), "int32")
+        weights, attended = kernels.fused_masked_softmax_dropout(scores, mask, rate, seed)
+        return ops.einsum(output_equation, attended, value), weights
     weights = masked_softmax(scores, mask)
     attended = ops.cast(weights, value.dtype)
     if dropout is not None:

@@ -21,6 +21,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import kernels
+
 
 def dynamic_shapes_allowed():
     """Whether the current trace may build tensors of data-dependent size.
@@ -173,6 +175,10 @@ class Unpadding:
 
 
 def _take_rows(rows, index, zero_row):
+    if keras.backend.backend() == "tensorflow" and kernels.usable(rows):
+        # One pass: the index `R` gives a zero row, with no copy of `rows`
+        # to append one (the fused kernels of `keras_transformer.kernels`).
+        return kernels.load().kt_gather_rows(rows, index)
     if zero_row:
         zeros = ops.zeros((1, rows.shape[1]), rows.dtype)
         rows = ops.concatenate([rows, zeros], axis=0)
