@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer import kernels
 from keras_transformer.layers.unpadding import unpadded_of
 from keras_transformer.losses import per_token_weight
 
@@ -48,7 +49,11 @@ def _correct_and_mask(y_true, y_pred, pad_id):
         # Training logits built from their real rows (`OutputProjection`):
         # take the argmax of those rows only; padded rows predict id 0.
         logits, unpadding = unpadded
-        predicted = unpadding.pad(_predicted_ids(logits))
+        # The loss's fused kernel may have found the argmax already.
+        predicted = kernels.argmax_of(logits)
+        if predicted is None:
+            predicted = _predicted_ids(logits)
+        predicted = unpadding.pad(predicted)
     else:
         predicted = _predicted_ids(y_pred)
     mask = ops.cast(ops.not_equal(y_true, pad_id), "float32")

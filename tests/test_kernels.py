@@ -297,3 +297,64 @@ def test_masked_softmax_dropout_forward_and_gradient(module, rate):
         reference = masked_softmax(s, mask)
         loss = tf.reduce_sum(reference * up_w) + tf.reduce_sum(reference * keep * up_d)
     np.testing.assert_allclose(got, tape.gradient(loss, s).numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_softmax_cross_entropy_against_numpy(module, eps):
+    """Loss against NumPy's log-softmax, gradient against TensorFlow's
+    autodiff of the same formula, argmax against NumPy's (first index on
+    ties), and a NaN logit gives a NaN loss (not a silently finite one)."""
+    rng = np.random.default_rng(3)
+    n, v = 37, 101
+    x = (rng.normal(size=(n, v)) * 5).astype("float32")
+    x[4, [10, 20]] = x[4].max() + 1.0  # a tie for the largest logit
+    x[5] = 0.0  # a row that is all ties
+    labels = rng.integers(0, v, n).astype("int32")
+    upstream = rng.normal(size=n).astype("float32")
+    logits = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        loss = kernels.fused_softmax_cross_entropy(labels, logits, eps)
+    got = tape.gradient(loss, logits, output_gradients=tf.constant(upstream)).numpy()
+    shifted = x - x.max(-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted.astype("float64")).sum(-1, keepdims=True))
+    expected = -(1 - eps) * log_p[np.arange(n), labels] - eps * log_p.mean(-1)
+    np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(kernels.argmax_of(logits).numpy(), x.argmax(-1))
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        target = (1 - eps) * tf.one_hot(labels, v) + eps / v
+        reference = -tf.reduce_sum(target * tf.nn.log_softmax(logits), -1)
+    want = tape.gradient(reference, logits, output_gradients=tf.constant(upstream)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    x[7, 3] = np.nan
+    loss = kernels.fused_softmax_cross_entropy(labels, tf.constant(x), eps).numpy()
+    assert np.isnan(loss[7]) and np.all(np.isfinite(np.delete(loss, 7)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        module.kt_softmax_cross_entropy(x, np.full(n, v, "int32"), label_smoothing=eps)
+
+
+def test_accuracy_reuses_the_loss_argmax(module):
+    """A training step that computes the loss, then the accuracy, on the same
+    logits (as Keras's `train_step` does) has no ArgMax op left: the accuracy
+    takes the loss kernel's. Its value is NumPy's accuracy on the real tokens."""
+    from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
+
+    model = small_model(0.1)
+    loss_fn, metric = MaskedSparseCategoricalCrossentropy(), MaskedAccuracy()
+    x, y = batch()
+
+    @tf.function
+    def step(x, y):
+        logits = model(x, training=True)
+        loss = loss_fn(y, logits)
+        metric.update_state(y, logits)
+        return loss, logits
+
+    concrete = step.get_concrete_function(x, y)
+    op_types = {op.type for op in concrete.graph.get_operations()}
+    assert "KtSoftmaxCrossEntropy" in op_types and "ArgMax" not in op_types
+    _, logits = step(x, y)
+    real = y != 0
+    expected = (logits.numpy().argmax(-1) == y)[real].mean()
+    np.testing.assert_allclose(metric.result().numpy(), expected, rtol=1e-6)

@@ -289,3 +289,59 @@ def fused_masked_softmax_dropout(scores, mask, rate, seed):
         return (weights, dropped), grad
 
     return softmax_dropout(scores)
+
+
+# The accuracy's argmax, computed by the loss kernel in the same pass over
+# the logits, rides on the logits tensor (as `layers.unpadding` attaches the
+# real-token logits), so that `MaskedAccuracy` need not read them again.
+_ARGMAX = "_keras_transformer_argmax"
+
+
+def argmax_of(logits):
+    """int32 argmax over the last axis recorded by
+    `fused_softmax_cross_entropy` on this very tensor, or None."""
+    return getattr(logits, _ARGMAX, None)
+
+
+def fused_softmax_cross_entropy(labels, logits, label_smoothing):
+    """Per-row softmax cross-entropy with label smoothing (section 5.4).
+
+    The loss against the target `(1 - eps) * onehot(label) + eps / V`,
+    `logsumexp(x) - (1 - eps) * x[label] - eps * mean(x)`, and its gradient
+    `softmax(x) - target`, each in one pass over the logits. The first index
+    of each row's largest logit is recorded on `logits` (`argmax_of`).
+
+    Args:
+        labels: int32 `(N,)`, in `[0, V)`.
+        logits: float32 `(N, V)`.
+        label_smoothing: python float, epsilon_ls in [0, 1).
+
+    Returns:
+        float32 `(N,)`.
+    """
+    import tensorflow as tf
+
+    module = load()
+    eps = float(label_smoothing)
+    labels = tf.cast(labels, tf.int32)
+
+    argmax = []
+
+    @tf.custom_gradient
+    def cross_entropy(x):
+        loss, log_sum_exp, index = module.kt_softmax_cross_entropy(x, labels, label_smoothing=eps)
+        argmax.append(index)
+
+        def grad(upstream):
+            return module.kt_softmax_cross_entropy_grad(
+                x, labels, log_sum_exp, upstream, label_smoothing=eps
+            )
+
+        return loss, grad
+
+    loss = cross_entropy(logits)
+    try:
+        setattr(logits, _ARGMAX, argmax[0])
+    except AttributeError:  # a tensor type without attributes: no shortcut
+        pass
+    return loss

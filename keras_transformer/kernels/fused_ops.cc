@@ -559,6 +559,140 @@ class GatherRowsOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("KtGatherRows").Device(DEVICE_CPU), GatherRowsOp);
+
+REGISTER_OP("KtSoftmaxCrossEntropy")
+    .Input("logits: float")
+    .Input("labels: int32")
+    .Attr("label_smoothing: float")
+    .Output("loss: float")
+    .Output("log_sum_exp: float")
+    .Output("argmax: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 0, 1, &rows));
+      c->set_output(0, rows);
+      c->set_output(1, rows);
+      c->set_output(2, rows);
+      return absl::OkStatus();
+    })
+    .Doc("Per row of logits (N, V): loss = logsumexp(x) - (1 - eps) x[label] "
+         "- eps mean(x), the cross-entropy against (1 - eps) onehot + eps / V "
+         "(section 5.4); log_sum_exp for the gradient; argmax, the first "
+         "index of the largest logit (for the accuracy).");
+
+class SoftmaxCrossEntropyOp : public OpKernel {
+ public:
+  explicit SoftmaxCrossEntropyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("label_smoothing", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    OP_REQUIRES(ctx, logits.dims() == 2 && labels.dims() == 1 &&
+                         labels.dim_size(0) == logits.dim_size(0),
+                InvalidArgument("expected logits (N, V) and labels (N,), got ",
+                                logits.shape().DebugString(), " and ",
+                                labels.shape().DebugString()));
+    const int64_t n = logits.dim_size(0), v = logits.dim_size(1);
+    OP_REQUIRES(ctx, v > 0, InvalidArgument("empty vocabulary axis"));
+    const int32_t* pl = labels.flat<int32_t>().data();
+    for (int64_t r = 0; r < n; ++r) {
+      OP_REQUIRES(ctx, pl[r] >= 0 && pl[r] < v,
+                  InvalidArgument("label ", pl[r], " at row ", r, " is outside [0, ", v, ")"));
+    }
+    Tensor *loss = nullptr, *lse = nullptr, *argmax = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, labels.shape(), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, labels.shape(), &lse));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, labels.shape(), &argmax));
+    const float* px = logits.flat<float>().data();
+    float* ploss = loss->flat<float>().data();
+    float* plse = lse->flat<float>().data();
+    int32_t* parg = argmax->flat<int32_t>().data();
+    const float eps = epsilon_;
+    ParallelRows(ctx, n, 12 * v, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* row = px + r * v;
+        float top = row[0], sum = 0.f;
+        for (int64_t j = 0; j < v; ++j) {
+          top = std::max(top, row[j]);
+          sum += row[j];
+        }
+        int64_t first = 0;
+        while (first < v - 1 && !(row[first] == top)) ++first;
+        float total = 0.f;
+        for (int64_t j = 0; j < v; ++j) total += FastExp(row[j] - top);
+        const float z = top + std::log(total);
+        plse[r] = z;
+        parg[r] = static_cast<int32_t>(first);
+        // A NaN logit anywhere makes the sum NaN: the loss says so.
+        ploss[r] = std::isnan(sum) ? NAN : z - (1.f - eps) * row[pl[r]] - eps * sum / v;
+      }
+    });
+  }
+
+ private:
+  float epsilon_ = 0.f;
+};
+
+REGISTER_OP("KtSoftmaxCrossEntropyGrad")
+    .Input("logits: float")
+    .Input("labels: int32")
+    .Input("log_sum_exp: float")
+    .Input("upstream: float")
+    .Attr("label_smoothing: float")
+    .Output("dlogits: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Gradient of KtSoftmaxCrossEntropy: upstream * (softmax(x) - "
+         "(1 - eps) onehot(label) - eps / V) per row.");
+
+class SoftmaxCrossEntropyGradOp : public OpKernel {
+ public:
+  explicit SoftmaxCrossEntropyGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("label_smoothing", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    const Tensor& lse = ctx->input(2);
+    const Tensor& upstream = ctx->input(3);
+    OP_REQUIRES(ctx, logits.dims() == 2 && labels.NumElements() == logits.dim_size(0) &&
+                         lse.NumElements() == logits.dim_size(0) &&
+                         upstream.NumElements() == logits.dim_size(0),
+                InvalidArgument("expected logits (N, V) and (N,) labels, log_sum_exp, upstream"));
+    const int64_t n = logits.dim_size(0), v = logits.dim_size(1);
+    Tensor* dlogits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dlogits));
+    const float* px = logits.flat<float>().data();
+    const int32_t* pl = labels.flat<int32_t>().data();
+    const float* pz = lse.flat<float>().data();
+    const float* pu = upstream.flat<float>().data();
+    float* pd = dlogits->flat<float>().data();
+    const float eps = epsilon_;
+    ParallelRows(ctx, n, 8 * v, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* row = px + r * v;
+        float* out = pd + r * v;
+        const float u = pu[r], z = pz[r], flat = eps / v * u;
+        for (int64_t j = 0; j < v; ++j) out[j] = FastExp(row[j] - z) * u - flat;
+        if (pl[r] >= 0 && pl[r] < v) out[pl[r]] -= (1.f - eps) * u;
+      }
+    });
+  }
+
+ private:
+  float epsilon_ = 0.f;
+};
+
+REGISTER_KERNEL_BUILDER(Name("KtSoftmaxCrossEntropy").Device(DEVICE_CPU),
+                        SoftmaxCrossEntropyOp);
+REGISTER_KERNEL_BUILDER(Name("KtSoftmaxCrossEntropyGrad").Device(DEVICE_CPU),
+                        SoftmaxCrossEntropyGradOp);
 REGISTER_KERNEL_BUILDER(Name("KtDropout").Device(DEVICE_CPU), DropoutOp);
 REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNorm").Device(DEVICE_CPU), ResidualLayerNormOp);
 REGISTER_KERNEL_BUILDER(Name("KtResidualLayerNormGrad").Device(DEVICE_CPU),
