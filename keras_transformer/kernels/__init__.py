@@ -235,6 +235,9 @@ def fused_residual_layer_norm(x, y, gamma, beta, rate, seed, epsilon):
     threshold, scale = dropout_constants(rate)
     seed = _seed64(seed)
     constants = dict(threshold=threshold, scale=scale)
+    # Read variables here, outside the custom-gradient function (in eager
+    # mode it must not see a variable read).
+    gamma, beta = (tf.identity(tf.convert_to_tensor(v)) for v in (gamma, beta))
 
     @tf.custom_gradient
     def residual_layer_norm(x, y, gamma, beta):

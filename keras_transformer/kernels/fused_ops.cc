@@ -50,32 +50,34 @@ inline uint64_t SeedKey(const Tensor& seed) {
   return Mix64(Mix64(static_cast<uint64_t>(s(0))) ^ static_cast<uint64_t>(s(1)));
 }
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the 16-bit fields of a hash are read in little-endian order");
+
 // keep[k] = `scale` or 0 for the elements i = begin + k, k < count.
+// `hashes` is scratch space for at least count / 4 + 2 values.
 inline void KeepFactors(uint64_t key, int64_t begin, int64_t count,
-                        uint32_t threshold, float scale, float* keep) {
-  int64_t k = 0;
-  // Up to the first multiple of 4, one element at a time.
-  for (; k < count && (begin + k) % 4 != 0; ++k) {
-    const int64_t i = begin + k;
-    const uint64_t v = Mix64(key + static_cast<uint64_t>(i / 4));
-    keep[k] = scale * static_cast<float>(((v >> (16 * (i % 4))) & 0xffff) >= threshold);
+                        uint32_t threshold, float scale, float* keep,
+                        uint64_t* hashes) {
+  if (count <= 0) return;
+  // The groups of 4 that [begin, begin + count) touches, hashed in one
+  // loop, then read as 16-bit fields (field i % 4 of group i / 4 is
+  // element i, the bits (i % 4) * 16 to (i % 4) * 16 + 15 of the hash);
+  // both loops vectorize.
+  const int64_t first = begin / 4, last = (begin + count - 1) / 4;
+  for (int64_t g = 0; g <= last - first; ++g) {
+    hashes[g] = Mix64(key + static_cast<uint64_t>(first + g));
   }
-  // Whole groups of 4: one hash each.
-  const int64_t groups = (count - k) / 4;
-  const uint64_t first = static_cast<uint64_t>((begin + k) / 4);
-  float* out = keep + k;
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint64_t v = Mix64(key + first + static_cast<uint64_t>(g));
-    out[4 * g + 0] = scale * static_cast<float>((v & 0xffff) >= threshold);
-    out[4 * g + 1] = scale * static_cast<float>(((v >> 16) & 0xffff) >= threshold);
-    out[4 * g + 2] = scale * static_cast<float>(((v >> 32) & 0xffff) >= threshold);
-    out[4 * g + 3] = scale * static_cast<float>((v >> 48) >= threshold);
-  }
-  k += 4 * groups;
-  for (; k < count; ++k) {
-    const int64_t i = begin + k;
-    const uint64_t v = Mix64(key + static_cast<uint64_t>(i / 4));
-    keep[k] = scale * static_cast<float>(((v >> (16 * (i % 4))) & 0xffff) >= threshold);
+  uint16_t field[4 * 64];
+  const int64_t skip = begin - 4 * first;
+  for (int64_t k0 = 0; k0 < count; k0 += 4 * 64 - 4) {
+    // Up to 252 elements at a time, through a small aligned buffer (no
+    // pointer cast between integer types).
+    const int64_t n = std::min<int64_t>(4 * 64 - 4, count - k0);
+    const int64_t g0 = (skip + k0) / 4, offset = (skip + k0) % 4;
+    std::memcpy(field, hashes + g0, sizeof(uint64_t) * ((offset + n + 3) / 4));
+    for (int64_t k = 0; k < n; ++k) {
+      keep[k0 + k] = scale * static_cast<float>(field[offset + k] >= threshold);
+    }
   }
 }
 
@@ -138,9 +140,10 @@ class DropoutOp : public OpKernel {
     const float scale = attrs_.scale;
     ParallelRows(ctx, (n + block - 1) / block, 8 * block, [&](int64_t b, int64_t e) {
       std::vector<float> keep(block);
+      std::vector<uint64_t> hashes(block / 4 + 2);
       for (int64_t blk = b; blk < e; ++blk) {
         const int64_t begin = blk * block, count = std::min(block, n - begin);
-        KeepFactors(key, begin, count, threshold, scale, keep.data());
+        KeepFactors(key, begin, count, threshold, scale, keep.data(), hashes.data());
         for (int64_t k = 0; k < count; ++k) py[begin + k] = px[begin + k] * keep[k];
       }
     });
@@ -214,9 +217,10 @@ class ResidualLayerNormOp : public OpKernel {
     const float scale = attrs_.scale, epsilon = epsilon_;
     ParallelRows(ctx, n, 16 * d, [&](int64_t b, int64_t e) {
       std::vector<float> keep(d);
+      std::vector<uint64_t> hashes(d / 4 + 2);
       for (int64_t r = b; r < e; ++r) {
         const int64_t o = r * d;
-        KeepFactors(key, o, d, threshold, scale, keep.data());
+        KeepFactors(key, o, d, threshold, scale, keep.data(), hashes.data());
         float* z = ph + o;
         float sum = 0.f;
         for (int64_t j = 0; j < d; ++j) {
@@ -312,13 +316,14 @@ class ResidualLayerNormGradOp : public OpKernel {
     std::vector<float> partial(2 * blocks * d, 0.f);
     ParallelRows(ctx, blocks, 20 * d * per_block, [&](int64_t b, int64_t e) {
       std::vector<float> keep(d);
+      std::vector<uint64_t> hashes(d / 4 + 2);
       for (int64_t blk = b; blk < e; ++blk) {
         float* sum_gamma = partial.data() + 2 * blk * d;
         float* sum_beta = sum_gamma + d;
         const int64_t last = std::min(n, (blk + 1) * per_block);
         for (int64_t r = blk * per_block; r < last; ++r) {
           const int64_t o = r * d;
-          KeepFactors(key, o, d, threshold, scale, keep.data());
+          KeepFactors(key, o, d, threshold, scale, keep.data(), hashes.data());
           float mean_g = 0.f, mean_gh = 0.f;
           for (int64_t j = 0; j < d; ++j) {
             const float g = pd[o + j] * pg[j];
@@ -417,6 +422,7 @@ class MaskedSoftmaxDropoutOp : public OpKernel {
     const float scale = attrs_.scale;
     ParallelRows(ctx, n, 24 * k, [&](int64_t b, int64_t e) {
       std::vector<float> keep(k);
+      std::vector<uint64_t> hashes(k / 4 + 2);
       for (int64_t r = b; r < e; ++r) {
         const int64_t o = r * k;
         float top = -INFINITY;
@@ -429,7 +435,7 @@ class MaskedSoftmaxDropoutOp : public OpKernel {
           total += v;
         }
         const float inv = total > 0.f ? 1.f / total : 0.f;
-        KeepFactors(key, o, k, threshold, scale, keep.data());
+        KeepFactors(key, o, k, threshold, scale, keep.data(), hashes.data());
         for (int64_t j = 0; j < k; ++j) {
           pw[o + j] *= inv;
           pd[o + j] = pw[o + j] * keep[j];
@@ -485,9 +491,10 @@ class MaskedSoftmaxDropoutGradOp : public OpKernel {
     const float scale = attrs_.scale;
     ParallelRows(ctx, n, 16 * k, [&](int64_t b, int64_t e) {
       std::vector<float> keep(k);
+      std::vector<uint64_t> hashes(k / 4 + 2);
       for (int64_t r = b; r < e; ++r) {
         const int64_t o = r * k;
-        KeepFactors(key, o, k, threshold, scale, keep.data());
+        KeepFactors(key, o, k, threshold, scale, keep.data(), hashes.data());
         float dot = 0.f;
         for (int64_t j = 0; j < k; ++j) {
           const float g = pgw[o + j] + pgd[o + j] * keep[j];
@@ -559,6 +566,80 @@ class GatherRowsOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("KtGatherRows").Device(DEVICE_CPU), GatherRowsOp);
+
+REGISTER_OP("KtGatherRowsFromParts")
+    .Input("parts: N * float")
+    .Input("indices: int32")
+    .Attr("N: int >= 1")
+    .Output("out: float")
+    .SetShapeFn([](InferenceContext* c) {
+      const int n = c->num_inputs() - 1;
+      ShapeHandle features, out;
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 1, &features));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->input(n), features, &out));
+      c->set_output(0, out);
+      return absl::OkStatus();
+    })
+    .Doc("KtGatherRows from the parts stacked along their first axis, without "
+         "stacking them: row r of that stack is row r - offset of its part; "
+         "the index equal to the total row count gives zeros. Every part has "
+         "the same feature size.");
+
+class GatherRowsFromPartsOp : public OpKernel {
+ public:
+  explicit GatherRowsFromPartsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n_parts = ctx->num_inputs() - 1;
+    const Tensor& indices = ctx->input(n_parts);
+    OP_REQUIRES(ctx, indices.dims() == 1, InvalidArgument("indices must have rank 1"));
+    const Tensor& head = ctx->input(0);
+    OP_REQUIRES(ctx, head.dims() >= 1, InvalidArgument("parts must have rank >= 1"));
+    const int64_t features = head.dim_size(0) ? head.NumElements() / head.dim_size(0) : 0;
+    std::vector<const float*> base(n_parts);
+    std::vector<int64_t> start(n_parts + 1, 0);
+    for (int p = 0; p < n_parts; ++p) {
+      const Tensor& part = ctx->input(p);
+      OP_REQUIRES(ctx, part.dims() == head.dims(),
+                  InvalidArgument("parts differ in rank"));
+      for (int a = 1; a < head.dims(); ++a) {
+        OP_REQUIRES(ctx, part.dim_size(a) == head.dim_size(a),
+                    InvalidArgument("parts differ in their feature shape"));
+      }
+      base[p] = part.flat<float>().data();
+      start[p + 1] = start[p] + part.dim_size(0);
+    }
+    const int64_t rows = start[n_parts];
+    const int64_t n = indices.dim_size(0);
+    TensorShape shape = head.shape();
+    shape.set_dim(0, n);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
+    const int32_t* pi = indices.flat<int32_t>().data();
+    for (int64_t s = 0; s < n; ++s) {
+      OP_REQUIRES(ctx, pi[s] >= 0 && pi[s] <= rows,
+                  InvalidArgument("index ", pi[s], " at ", s, " is outside [0, ", rows, "]"));
+    }
+    if (n == 0 || features == 0) return;
+    float* po = out->flat<float>().data();
+    const size_t bytes = features * sizeof(float);
+    ParallelRows(ctx, n, 2 * features, [&](int64_t b, int64_t e) {
+      for (int64_t s = b; s < e; ++s) {
+        const int64_t r = pi[s];
+        if (r == rows) {
+          std::memset(po + s * features, 0, bytes);
+          continue;
+        }
+        int p = 0;
+        while (r >= start[p + 1]) ++p;
+        std::memcpy(po + s * features, base[p] + (r - start[p]) * features, bytes);
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("KtGatherRowsFromParts").Device(DEVICE_CPU),
+                        GatherRowsFromPartsOp);
 
 REGISTER_OP("KtSoftmaxCrossEntropy")
     .Input("logits: float")

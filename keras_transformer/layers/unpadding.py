@@ -160,9 +160,36 @@ class Unpadding:
         depth = x.shape[-1] // (parts * num_heads)
         to_padded, to_tokens = self._head_gathers(parts, num_heads)
         rows = ops.reshape(x, (-1, depth))
+        if keras.backend.backend() == "tensorflow" and kernels.usable(rows):
+            return self._fused_pad_heads(rows, to_padded, to_tokens, num_heads, parts)
         rows = gather_rows(rows, to_padded, to_tokens, zero_row=True)
         rows = ops.reshape(rows, (parts, self.batch, num_heads, self.length, depth))
         return ops.unstack(rows, axis=0)  # gradient: one stack
+
+    def _fused_pad_heads(self, rows, to_padded, to_tokens, num_heads, parts):
+        """`pad_heads` with the fused row gathers: the gradient gathers the
+        token rows from the parts' gradients directly, with no stack."""
+        import tensorflow as tf
+
+        module = kernels.load()
+        depth = rows.shape[-1]
+        shape = (parts, self.batch, num_heads, self.length, depth)
+
+        @tf.custom_gradient
+        def pad(rows):
+            padded = tf.reshape(module.kt_gather_rows(rows, to_padded), shape)
+            pieces = tf.unstack(padded, num=parts, axis=0)
+
+            def grad(*upstream):
+                flat = [
+                    tf.reshape(tf.zeros_like(p) if u is None else u, (-1, depth))
+                    for p, u in zip(pieces, upstream)
+                ]
+                return module.kt_gather_rows_from_parts(flat, to_tokens)
+
+            return pieces, grad
+
+        return pad(rows)
 
     def unpad_heads(self, x):
         """`(batch, num_heads, length, depth)` -> `(tokens, num_heads * depth)`,
