@@ -45,7 +45,7 @@ def _align_ranks(y_true, y_pred):
     return y_true
 
 
-def _tf_softmax_cross_entropy(ids, logits, label_smoothing):
+def _tf_softmax_cross_entropy(ids, logits, label_smoothing, fused=False):
     """TensorFlow: `logsumexp(x) - sum(target * x)` with its gradient
     `softmax(x) - target` written out, target `(1 - eps) * onehot(ids) +
     eps / V`.
@@ -57,22 +57,23 @@ def _tf_softmax_cross_entropy(ids, logits, label_smoothing):
     subtracted at the target ids only (no one-hot tensor is built). On
     bench-small's 1,550 x 8,000 logits on 2 cores, forward and backward:
     21 ms (25 ms with label smoothing 0.1), against 29 (34) ms for the
-    one-hot form and 43 ms for the fused kernel. Where this package's own
-    fused kernels are built (`keras_transformer.kernels`), rank-2 float32
-    logits (the real-token rows of a training step) use
+    one-hot form and 43 ms for TensorFlow's fused kernel. With `fused=True`
+    (the real-token logits of a training step) and this package's kernels
+    built (`keras_transformer.kernels`), float32 logits go through
     `kernels.fused_softmax_cross_entropy` instead: 16 ms.
 
     Args:
         ids: int32 `(...)`, valid target ids.
         logits: float32 `(..., V)`.
         label_smoothing: python float, epsilon_ls.
+        fused: bool, whether the fused kernel may be used (training only).
 
     Returns:
         float32 `(...)`.
     """
     import tensorflow as tf
 
-    if len(logits.shape) == 2 and kernels.usable(logits):
+    if fused and len(logits.shape) == 2 and kernels.usable(logits):
         # One pass forward, one backward; also records the argmax that
         # `MaskedAccuracy` would otherwise compute in a pass of its own.
         return kernels.fused_softmax_cross_entropy(ids, logits, label_smoothing)
@@ -150,7 +151,9 @@ def per_token_loss(
         # of the target log-probability would back-propagate through a
         # scatter over the whole (batch, T, vocab) tensor, slow on CPU.
         if keras.backend.backend() == "tensorflow":
-            losses = _tf_softmax_cross_entropy(safe_ids, y_pred, label_smoothing)
+            losses = _tf_softmax_cross_entropy(
+                safe_ids, y_pred, label_smoothing, fused=unpadded is not None
+            )
         elif label_smoothing:
             eps = float(label_smoothing)
             target = ops.one_hot(safe_ids, vocab, dtype="float32")

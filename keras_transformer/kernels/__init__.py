@@ -25,7 +25,8 @@ compiler, a failed build: a warning says which) or is turned off with
 `KERAS_TRANSFORMER_FUSED_KERNELS=0`, the layers run their TensorFlow-op
 versions, as they do on a machine with a GPU. They are used only in
 training (`training=True`) and never under XLA, so SavedModels for serving and inference graphs contain only
-TensorFlow's own ops.
+TensorFlow's own ops. They have no second-order gradients: set
+`KERAS_TRANSFORMER_FUSED_KERNELS=0` to differentiate a training step twice.
 
 Dropout masks come from a counter-based hash (SplitMix64's mixer) of the
 element index and the layer's seed, in 16-bit steps: an element is dropped
@@ -40,7 +41,9 @@ import os
 import shutil
 import subprocess
 import sys
+import shlex
 import tempfile
+import threading
 import warnings
 
 ENV_SWITCH = "KERAS_TRANSFORMER_FUSED_KERNELS"
@@ -79,14 +82,14 @@ def _disabled():
 
 
 def _build(compiler, flags, target):
-    """Compiles `SOURCE` to `target` (atomically: a temporary file, then a
+    """Compiles `SOURCE` with the `compiler` command (a list) to `target` (atomically: a temporary file, then a
     rename, so that concurrent builds cannot load a half-written file)."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, temporary = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *CXX_FLAGS, SOURCE, "-o", temporary, *flags],
+            [*compiler, *CXX_FLAGS, SOURCE, "-o", temporary, *flags],
             capture_output=True,
             text=True,
         )
@@ -98,8 +101,18 @@ def _build(compiler, flags, target):
             os.remove(temporary)
 
 
-@functools.lru_cache(maxsize=None)
+_LOCK = threading.Lock()
+
+
 def load():
+    """The compiled op module, or None where the fused kernels are off
+    (see `_load`); one build even when threads ask at once."""
+    with _LOCK:
+        return _load()
+
+
+@functools.lru_cache(maxsize=None)
+def _load():
     """The compiled op module, or None where the fused kernels are off.
 
     Returns None when `KERAS_TRANSFORMER_FUSED_KERNELS=0`, off Linux, and
@@ -110,7 +123,9 @@ def load():
         return None
     import tensorflow as tf
 
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = shlex.split(os.environ.get("CXX", "")) or [
+        c for c in (shutil.which("g++") or shutil.which("c++"),) if c
+    ]
     if not compiler:
         warnings.warn(
             "keras_transformer: no C++ compiler (set $CXX or install g++), so "
@@ -122,7 +137,7 @@ def load():
     flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
     with open(SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read())
-    for part in (tf.__version__, compiler, *CXX_FLAGS, *flags, _cpu_signature()):
+    for part in (tf.__version__, *compiler, *CXX_FLAGS, *flags, _cpu_signature()):
         digest.update(part.encode() + b"\0")
     target = os.path.join(_cache_dir(), f"fused_ops-{digest.hexdigest()[:16]}.so")
     try:
@@ -302,8 +317,18 @@ _ARGMAX = "_keras_transformer_argmax"
 
 def argmax_of(logits):
     """int32 argmax over the last axis recorded by
-    `fused_softmax_cross_entropy` on this very tensor, or None."""
-    return getattr(logits, _ARGMAX, None)
+    `fused_softmax_cross_entropy` on this very tensor, or None (also when
+    it was recorded in another graph than the current one)."""
+    import tensorflow as tf
+
+    argmax = getattr(logits, _ARGMAX, None)
+    if argmax is None:
+        return None
+    if tf.executing_eagerly():
+        return None if tf.is_symbolic_tensor(argmax) else argmax
+    if not tf.is_symbolic_tensor(argmax) or argmax.graph is not tf.compat.v1.get_default_graph():
+        return None
+    return argmax
 
 
 def fused_softmax_cross_entropy(labels, logits, label_smoothing):

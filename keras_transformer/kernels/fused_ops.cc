@@ -59,6 +59,10 @@ inline void KeepFactors(uint64_t key, int64_t begin, int64_t count,
                         uint32_t threshold, float scale, float* keep,
                         uint64_t* hashes) {
   if (count <= 0) return;
+  if (threshold == 0) {  // rate 0: every element kept
+    std::fill(keep, keep + count, scale);
+    return;
+  }
   // The groups of 4 that [begin, begin + count) touches, hashed in one
   // loop, then read as 16-bit fields (field i % 4 of group i / 4 is
   // element i, the bits (i % 4) * 16 to (i % 4) * 16 + 15 of the hash);
@@ -195,6 +199,7 @@ class ResidualLayerNormOp : public OpKernel {
                 InvalidArgument("x and y differ in shape: ", x.shape().DebugString(),
                                 " against ", y.shape().DebugString()));
     const int64_t d = x.dim_size(x.dims() - 1);
+    OP_REQUIRES(ctx, d > 0, InvalidArgument("the normalized (last) axis is empty"));
     OP_REQUIRES(ctx, gamma.NumElements() == d && beta.NumElements() == d,
                 InvalidArgument("gamma and beta must have ", d, " elements"));
     const int64_t n = d ? x.NumElements() / d : 0;
@@ -287,7 +292,8 @@ class ResidualLayerNormGradOp : public OpKernel {
     OP_REQUIRES(ctx, dout.shape() == x_hat.shape() && dout.dims() >= 1,
                 InvalidArgument("dout and x_hat differ in shape"));
     const int64_t d = dout.dim_size(dout.dims() - 1);
-    const int64_t n = d ? dout.NumElements() / d : 0;
+    OP_REQUIRES(ctx, d > 0, InvalidArgument("the normalized (last) axis is empty"));
+    const int64_t n = dout.NumElements() / d;
     OP_REQUIRES(ctx, gamma.NumElements() == d && inv_std.NumElements() == n,
                 InvalidArgument("gamma or inv_std has the wrong size"));
     Tensor *dx = nullptr, *dy = nullptr, *dgamma = nullptr, *dbeta = nullptr;
@@ -360,9 +366,13 @@ class ResidualLayerNormGradOp : public OpKernel {
 // on [-87.3, 88.3]; inputs are clamped to that range, so exp of anything
 // below -87.3 is 1.2e-38 rather than 0. Here x = score - row max <= 0.
 inline float FastExp(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const bool nan = !(x == x);
+  float c = nan ? 0.f : x;
+  c = c < -87.3f ? -87.3f : (c > 88.3f ? 88.3f : c);
+  const float n = std::floor(c * 1.44269504088896341f + 0.5f);
+  // r = c - n ln 2 with ln 2 split in two (Cody-Waite); fma keeps the
+  // compiler from merging the two constants.
+  const float r = std::fma(n, 2.12194440e-4f, std::fma(n, -0.693359375f, c));
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -370,10 +380,10 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+  return nan ? x : y * scale;  // NaN in, NaN out
 }
 
 REGISTER_OP("KtMaskedSoftmaxDropout")
@@ -538,7 +548,8 @@ class GatherRowsOp : public OpKernel {
     OP_REQUIRES(ctx, params.dims() >= 1 && indices.dims() == 1,
                 InvalidArgument("params must have rank >= 1 and indices rank 1"));
     const int64_t rows = params.dim_size(0);
-    const int64_t features = rows ? params.NumElements() / rows : 0;
+    int64_t features = 1;  // from the shape: rows may be 0
+    for (int a = 1; a < params.dims(); ++a) features *= params.dim_size(a);
     const int64_t n = indices.dim_size(0);
     TensorShape shape = params.shape();
     shape.set_dim(0, n);
@@ -595,7 +606,8 @@ class GatherRowsFromPartsOp : public OpKernel {
     OP_REQUIRES(ctx, indices.dims() == 1, InvalidArgument("indices must have rank 1"));
     const Tensor& head = ctx->input(0);
     OP_REQUIRES(ctx, head.dims() >= 1, InvalidArgument("parts must have rank >= 1"));
-    const int64_t features = head.dim_size(0) ? head.NumElements() / head.dim_size(0) : 0;
+    int64_t features = 1;  // from the shape: a part may have 0 rows
+    for (int a = 1; a < head.dims(); ++a) features *= head.dim_size(a);
     std::vector<const float*> base(n_parts);
     std::vector<int64_t> start(n_parts + 1, 0);
     for (int p = 0; p < n_parts; ++p) {
