@@ -1,32 +1,43 @@
 """Fused CPU kernels for training on TensorFlow, compiled on first use.
 
-Two steps of every training step are chains of small element-wise ops in
-TensorFlow, each a pass over memory: dropout (random numbers, a compare, a
-select, a multiply) and the post-LN residual connection `LayerNorm(x +
-Dropout(y))` around every sub-layer (Vaswani et al., 2017, sections 3.1
-and 5.4). `fused_ops.cc` does each, forward and backward, in one pass:
+Several steps of every training step are chains of small element-wise ops
+in TensorFlow, each a pass over memory. `fused_ops.cc` does each, forward
+and backward, in one pass:
 
 - `fused_dropout(x, rate, seed)`: `x * keep`, whose gradient is the same
   op on the upstream gradient (the mask is recomputed, not stored);
-- `fused_residual_layer_norm(x, y, gamma, beta, rate, seed, epsilon)`:
-  `LayerNorm(x + Dropout(y))` with `x_hat` and `1 / std` kept for the
-  gradient, which gives `dx`, `dy`, `dgamma` and `dbeta` in one kernel.
+- `fused_residual_layer_norm(x, y, gamma, beta, rate, seed, epsilon)`: the
+  post-LN residual connection `LayerNorm(x + Dropout(y))` around every
+  sub-layer (Vaswani et al., 2017, sections 3.1 and 5.4), with `x_hat` and
+  `1 / std` kept for the gradient, which gives `dx`, `dy`, `dgamma` and
+  `dbeta` in one kernel;
+- `fused_masked_softmax_dropout(scores, mask, rate, seed)`: the attention
+  weights of equation (1) (blocked keys exactly 0, rows with none allowed
+  all 0) and their dropout;
+- `fused_softmax_cross_entropy(labels, logits, label_smoothing)`: the
+  label-smoothed cross-entropy (section 5.4) and its gradient, recording
+  the argmax that `MaskedAccuracy` reuses (`argmax_of`);
+- the ops `KtGatherRows` and `KtGatherRowsFromParts`: the row gathers of
+  `layers.unpadding`, where one index past the last row gives zeros (no
+  copy of the input with a zero row appended), the second from Q/K/V parts
+  without stacking them.
 
 On bench-small (`benchmarks/training.py`) they take a training step from
-about 426 to 390 ms on 2 cores.
+about 431 to 381 ms on 2 cores (the same process, kernels off and on).
 
 The library (`fused_ops.cc`) is built with the C++ compiler (`$CXX`, else
 `g++` or `c++`) against the installed TensorFlow's headers the first time a
-training step needs it (about 8 s), into
-`$KERAS_TRANSFORMER_CACHE` (default `~/.cache/keras_transformer`), under a
-name that hashes the source, the TensorFlow version, the flags and the CPU,
-and is loaded from there afterwards. Where it cannot be had (not Linux, no
-compiler, a failed build: a warning says which) or is turned off with
+training step needs it (about 10 s), into `$KERAS_TRANSFORMER_CACHE`
+(default `~/.cache/keras_transformer`), under a name that hashes the
+source, the TensorFlow version, the flags and the CPU, and is loaded from
+there afterwards. Where it cannot be had (not Linux, no compiler, a failed
+build: a warning says which) or is turned off with
 `KERAS_TRANSFORMER_FUSED_KERNELS=0`, the layers run their TensorFlow-op
 versions, as they do on a machine with a GPU. They are used only in
-training (`training=True`) and never under XLA, so SavedModels for serving and inference graphs contain only
-TensorFlow's own ops. They have no second-order gradients: set
-`KERAS_TRANSFORMER_FUSED_KERNELS=0` to differentiate a training step twice.
+training (`training=True`) and never under XLA, so SavedModels for serving
+and inference graphs contain only TensorFlow's own ops. They have no
+second-order gradients: set `KERAS_TRANSFORMER_FUSED_KERNELS=0` to
+differentiate a training step twice.
 
 Dropout masks come from a counter-based hash (SplitMix64's mixer) of the
 element index and the layer's seed, in 16-bit steps: an element is dropped
@@ -40,8 +51,8 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import shlex
+import sys
 import tempfile
 import threading
 import warnings
@@ -82,8 +93,9 @@ def _disabled():
 
 
 def _build(compiler, flags, target):
-    """Compiles `SOURCE` with the `compiler` command (a list) to `target` (atomically: a temporary file, then a
-    rename, so that concurrent builds cannot load a half-written file)."""
+    """Compiles `SOURCE` with the `compiler` command (a list) to `target`,
+    atomically: a temporary file, then a rename, so that concurrent builds
+    cannot load a half-written file."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, temporary = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
     os.close(fd)

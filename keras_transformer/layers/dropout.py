@@ -56,10 +56,10 @@ class Dropout(keras.layers.Dropout):
     `(1550, 256)` activations, forward and backward, 0.73 against 1.32 ms
     per call for Keras's dropout on 2 cores. Where the fused kernels are
     built (`keras_transformer.kernels`), float32 training outside XLA runs
-    `kernels.fused_dropout` instead: one pass, forward and backward. Every
-    other case (other
-    backends, `noise_shape`, rates below 2^-8 or above 1 - 2^-8, where the
-    rounding would matter) is the Keras layer's own `call`.
+    `kernels.fused_dropout` instead: one pass, forward and backward, with
+    the mask from a counter hash. Every other case (other backends,
+    `noise_shape`, rates below 2^-8 or above 1 - 2^-8, where the rounding
+    would matter) is the Keras layer's own `call`.
 
     Call arguments:
         inputs: float tensor, any shape.

@@ -116,7 +116,8 @@ def _fusable(scores, mask, dropout, training):
 
 def _attention(query, key, value, mask, dropout, training, scores_equation, output_equation):
     scores = ops.einsum(scores_equation, query, key)
-    if keras.backend.standardize_dtype(value.dtype) == "float32" and _fusable(scores, mask, dropout, training):
+    float32 = keras.backend.standardize_dtype(value.dtype) == "float32"
+    if float32 and _fusable(scores, mask, dropout, training):
         rate = float(dropout.rate) if dropout is not None else 0.0
         seed = dropout.next_seed() if rate else ops.zeros((2,), "int32")
         weights, attended = kernels.fused_masked_softmax_dropout(scores, mask, rate, seed)
