@@ -22,14 +22,16 @@ length-bucketed pipeline with 1,536 tokens per side (64 x 24; about 1,350
 real target tokens a step, against about 1,070 in the peers' plain padded
 batches of 64, of which 59% is padding); the same model is
 also timed, in the same round robin, on the batches `keras-transformer
-train` makes by default, 4,096 tokens per side: the row `ours @ train
-default`, not compared with the peers).
+train` makes by default, 4,096 tokens per side, in `train`'s default
+precision on this machine (`--precision auto`: `mixed_bfloat16` on a CPU
+with bfloat16 instructions, else float32): the row `ours @ train default`,
+not compared with the peers).
 
 Reported per contender: non-padding target tokens/s (median of the timed
 steps after warm-up), step time, useful FLOP/s as a share of the float32
 matmul peak measured in the same run (the best of three timings of a 2048^3
-product; the rate of one of the model's own matmul shapes is printed beside
-it), and the ratio of
+product; the rate of one of the model's own matmul shapes and the bfloat16
+rate of the 2048^3 product are printed beside it), and the ratio of
 `ours` to each peer. In training, `ours` runs its position-wise layers and
 logits on the real tokens only (`keras_transformer.layers.unpadding`) on
 tensorflow without XLA and on torch; the peers compute every padded
@@ -58,6 +60,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentropy  # noqa: E402
+from keras_transformer.precision import cpu_has_bfloat16, resolve_precision  # noqa: E402
 from keras_transformer import Adam  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
@@ -149,14 +152,14 @@ def useful_flops(src_lengths, tgt_lengths):
     return 3 * total
 
 
-def matmul_rate(m, k, n, seconds=3.0, windows=3):
-    """float32 FLOP/s of one `(m, k) @ (k, n)` matmul, repeated: the best of
-    `windows` timings that share `seconds` (other work on the machine slows
-    one window; a lone sample once read half the peak)."""
+def matmul_rate(m, k, n, seconds=3.0, windows=3, dtype="float32"):
+    """FLOP/s of one `(m, k) @ (k, n)` matmul in `dtype`, repeated: the best
+    of `windows` timings that share `seconds` (other work on the machine
+    slows one window; a lone sample once read half the peak)."""
     import tensorflow as tf
 
-    a = tf.random.normal((m, k))
-    b = tf.random.normal((k, n))
+    a = tf.cast(tf.random.normal((m, k)), dtype)
+    b = tf.cast(tf.random.normal((k, n)), dtype)
     f = tf.function(lambda: tf.matmul(a, b))
     f().numpy()
     rates = []
@@ -347,6 +350,9 @@ def main():
     print(f"backend {keras.backend.backend()}; float32 matmul peak {peak / 1e9:.1f} GFLOP/s "
           f"(2048^3); {shaped / 1e9:.1f} GFLOP/s ({100 * shaped / peak:.0f}%) at the "
           f"feed-forward shape 1536x{D_MODEL} @ {D_MODEL}x{DFF}")
+    bf16 = matmul_rate(2048, 2048, 2048, 1.0 if args.quick else 3.0, dtype="bfloat16")
+    print(f"bfloat16 matmul 2048^3: {bf16 / 1e9:.1f} GFLOP/s (CPU bfloat16 instructions: "
+          f"{'yes' if cpu_has_bfloat16() else 'no'}); every share below is of the float32 peak")
     models = {name: build() for name, build in BUILDERS.items()}
     batches = random_batches(steps + warmup, np.random.default_rng(0))
     report("identical random batches", run(models, lambda name: batches, steps, warmup, peak))
@@ -354,9 +360,17 @@ def main():
     if os.path.exists(f"{directory}/train.en.gz"):
         real = multi30k_batches(steps + warmup, directory)
         # The same `ours` model, also stepped on the `train` default batches.
-        contenders = dict(models, **{TRAIN_DEFAULT: models["ours"]})
-        rows = run(contenders, lambda name: real[name if name.startswith("ours") else "peers"],
-                   steps, warmup, peak)
+        # `train`'s default precision on this machine ("auto"): a model of
+        # its own when that is mixed precision.
+        precision = resolve_precision("auto", D_MODEL)
+        default_model = models["ours"] if precision == "float32" else build_ours(dtype=precision)
+        contenders = dict(models, **{f"{TRAIN_DEFAULT}, {precision}": default_model})
+        def batches_for(name):
+            if name.startswith(TRAIN_DEFAULT):
+                return real[TRAIN_DEFAULT]
+            return real["ours" if name == "ours" else "peers"]
+
+        rows = run(contenders, batches_for, steps, warmup, peak)
         report("Multi30k batches, each contender's own pipeline", rows)
     else:
         print(f"\n(no Multi30k at {directory}: real-batch workload skipped)")

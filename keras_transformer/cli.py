@@ -36,6 +36,7 @@ def _non_negative_float(text):
 
 
 def _add_training_args(parser):
+    from keras_transformer.precision import PRECISIONS
     from keras_transformer.training import TrainingConfig
 
     defaults = TrainingConfig(train_src="", train_tgt="")
@@ -75,6 +76,11 @@ def _add_training_args(parser):
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
                         help="data-parallel training over all local devices, or over several "
                              "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")
+    parser.add_argument("--precision", default=defaults.precision,
+                        choices=PRECISIONS,
+                        help="compute dtype policy (default: auto = mixed_bfloat16 on a CPU with "
+                             "bfloat16 instructions for d_model >= 256, float32 elsewhere; "
+                             "decoding is float32)")
 
 
 # Decoding settings of a run; a SavedModel has its own, fixed by `export`.

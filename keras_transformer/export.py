@@ -6,6 +6,8 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_transformer.precision import with_dtype_policy
+
 # Ops the export needs beyond core TensorFlow: tensorflow-text's
 # SentencePiece kernels (the tokenizer runs inside the graph). TF Serving
 # builds that link tensorflow-text (the official image does) and a Python
@@ -77,17 +79,8 @@ def with_weights_dtype(model, weights_dtype):
         raise ValueError(
             f"`weights_dtype` must be 'float32' or 'float16'; got {weights_dtype!r}."
         )
-    policy = Float16StoragePolicy()
-
-    def clone(layer):
-        config = layer.get_config()
-        if isinstance(layer, keras.layers.Layer) and "dtype" in config:
-            config["dtype"] = policy
-        return layer.__class__.from_config(config)
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights([w.astype("float16") for w in model.get_weights()])
-    return copy
+    weights = [w.astype("float16") for w in model.get_weights()]
+    return with_dtype_policy(model, Float16StoragePolicy(), weights)
 
 
 def export_translator(translator, path, weights_dtype="float32"):

@@ -31,6 +31,7 @@ from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
 from keras_transformer.optimizers import Adam
+from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import train_subword_tokenizer
@@ -63,6 +64,12 @@ class TrainingConfig:
             devices) or `"multi_worker"` (several hosts); see
             `keras_transformer.distribution`. The global batch is what
             `tokens_per_batch` / `batch_size` say.
+        precision: `"auto"` (default), `"float32"`, `"mixed_bfloat16"` or
+            `"mixed_float16"`; see `keras_transformer.precision`. `"auto"`
+            is `"mixed_bfloat16"` on the tensorflow backend on a CPU with
+            bfloat16 instructions for a `d_model` of 256 or more,
+            `"float32"` elsewhere. `config.json` records the policy used
+            (`model.dtype`).
         max_train_pairs: use only the first N pairs (smoke runs).
     """
 
@@ -90,6 +97,7 @@ class TrainingConfig:
     seed: int = 0
     jit_compile: object = False
     distribution: str = None
+    precision: str = "auto"
     max_train_pairs: int = None
 
     def model_config(self):
@@ -187,6 +195,7 @@ def _check_settings(config, model_config):
     check_batching(config.max_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
+    resolve_precision(config.precision)
 
 
 def _best_so_far(out, monitor):
@@ -267,6 +276,7 @@ def train(config, verbose=1):
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
     model_config = config.model_config()  # an unknown preset fails here, first
+    model_config["dtype"] = resolve_precision(config.precision, model_config["d_model"])
     if bool(config.val_src) != bool(config.val_tgt):
         raise ValueError(
             "Pass both validation files (--val-src and --val-tgt) or neither; "
@@ -304,6 +314,9 @@ def train(config, verbose=1):
 
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
+    if verbose:
+        print(f"Training precision: {model_config['dtype']}"
+              + (" (auto)" if config.precision == "auto" else ""))
     replicas = num_replicas(config.distribution)
     # jax shards each batch evenly over the devices; tensorflow splits any size.
     batch_multiple = replicas if keras.backend.backend() == "jax" else 1

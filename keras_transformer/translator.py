@@ -10,6 +10,8 @@ from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.model_parts import TransformerParts
+from keras_transformer.precision import compute_dtype
+from keras_transformer.precision import with_dtype_policy
 
 
 # The string signatures take a string or a batch of strings. The rank is left
@@ -95,7 +97,9 @@ class Translator(tf.Module):
     on jax and torch, `greedy_search` and `beam_search` decode token ids.
 
     Args:
-        model: a `build_transformer` model.
+        model: a `build_transformer` model. One with a mixed-precision
+            dtype policy (`"mixed_bfloat16"`, `"mixed_float16"`) is decoded
+            through a float32 copy (`self.model`), the same weights.
         src_tokenizer: `SubwordTokenizer` of the source language.
         tgt_tokenizer: `SubwordTokenizer` of the target language.
         beam_size: int, 1 for greedy decoding.
@@ -164,6 +168,11 @@ class Translator(tf.Module):
             math.isfinite(float(length_ratio)) and float(length_ratio) > 0
         ):
             raise ValueError(f"`length_ratio` must be a finite number > 0; got {length_ratio}.")
+        # Decoding runs in float32: a model trained under a mixed-precision
+        # policy is copied with float32 compute (its variables are float32
+        # already, so the weights are the same numbers).
+        if compute_dtype(model) != "float32":
+            model = with_dtype_policy(model, "float32")
         self.model = model
         self.src_tokenizer = src_tokenizer
         self.tgt_tokenizer = tgt_tokenizer

@@ -1,0 +1,139 @@
+"""Training precision: float32 or a Keras mixed-precision policy.
+
+`keras-transformer train --precision` (and `TrainingConfig.precision`) takes
+one of `PRECISIONS`:
+
+- `"float32"`: every layer computes and stores in float32.
+- `"mixed_bfloat16"`: layers compute in bfloat16 and keep float32 variables
+  (Keras's policy of that name); the loss, its softmax and the optimizer
+  stay float32. Faster on a CPU with bfloat16 dot-product instructions
+  (`avx512_bf16` or `amx_bf16` in `/proc/cpuinfo`): bench-small trained at
+  7,639 against 6,559 tokens/s on a 2-core AMD EPYC with `avx512_bf16`
+  (`python benchmarks/training.py`), and about 4x slower than float32 on a
+  CPU without them, where bfloat16 matmuls are emulated.
+- `"mixed_float16"`: the GPU policy (float16 compute, with the loss scaling
+  that `model.compile` adds for it). Not the default anywhere: it was not
+  measured here.
+- `"auto"` (the default): `"mixed_bfloat16"` on the tensorflow backend when
+  no GPU is visible, the CPU has bfloat16 instructions and `d_model` is at
+  least `BFLOAT16_MIN_D_MODEL` (256); `"float32"` otherwise. That is the
+  faster of the two where both were measured on that CPU: the `small`
+  preset (d_model 256) trained a Multi30k epoch in 51 s against 65 s with
+  the same validation loss curve (3.50 against 3.53 after 6 epochs); the
+  demo's `tiny` model (d_model 128, 2,048-token batches) stepped in 61 ms
+  against 53 ms, its matmuls too small to gain what the casts cost, and
+  float32 keeps the fused training kernels (`keras_transformer.kernels`),
+  which are float32 only.
+
+Decoding always runs in float32 (`Translator` copies a mixed-precision model
+to float32 compute; its variables are float32 already, so the weights are
+unchanged): beam scores are sums of log-probabilities, and bfloat16 keeps 8
+bits of mantissa.
+"""
+
+import os
+
+import keras
+
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+
+# /proc/cpuinfo flags of bfloat16 dot-product instructions (x86) that oneDNN,
+# and so TensorFlow's CPU matmuls, use for bfloat16 inputs.
+BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+# The smallest model width that "auto" trains in mixed_bfloat16 (see above).
+BFLOAT16_MIN_D_MODEL = 256
+
+
+def cpu_has_bfloat16(cpuinfo="/proc/cpuinfo"):
+    """Whether the CPU has bfloat16 dot-product instructions.
+
+    Args:
+        cpuinfo: path of the Linux CPU description to read.
+
+    Returns:
+        bool: True when a `flags` line names one of `BFLOAT16_CPU_FLAGS`;
+        False when it does not, or the file cannot be read (not Linux).
+    """
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[-1].split())
+                    return any(flag in flags for flag in BFLOAT16_CPU_FLAGS)
+    except OSError:
+        pass
+    return False
+
+
+def _has_gpu():
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def resolve_precision(precision="auto", d_model=None):
+    """The Keras dtype policy name that `precision` stands for.
+
+    Args:
+        precision: one of `PRECISIONS`. The environment variable
+            `KERAS_TRANSFORMER_PRECISION`, when set, replaces `"auto"`.
+        d_model: the model width, for `"auto"`; None counts as wide enough.
+
+    Returns:
+        str: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
+
+    Raises:
+        ValueError: for a name not in `PRECISIONS`.
+    """
+    if precision == "auto":
+        precision = os.environ.get("KERAS_TRANSFORMER_PRECISION", "auto") or "auto"
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"`precision` must be one of {PRECISIONS}; got {precision!r}."
+        )
+    if precision != "auto":
+        return precision
+    if (
+        keras.backend.backend() == "tensorflow"
+        and (d_model is None or d_model >= BFLOAT16_MIN_D_MODEL)
+        and not _has_gpu()
+        and cpu_has_bfloat16()
+    ):
+        return "mixed_bfloat16"
+    return "float32"
+
+
+def compute_dtype(model):
+    """The compute dtype of `model`'s layers, or "mixed" when they differ."""
+    dtypes = {
+        layer.dtype_policy.compute_dtype
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+    }
+    return dtypes.pop() if len(dtypes) == 1 else "mixed"
+
+
+def with_dtype_policy(model, policy, weights=None):
+    """A copy of the functional `model` whose layers use `policy`.
+
+    Args:
+        model: a functional `keras.Model` (as `build_transformer` returns).
+        policy: a dtype policy name or `keras.DTypePolicy`.
+        weights: the copy's weights (a list of arrays); `model`'s by default.
+
+    Returns:
+        A new functional model with `model`'s layer names and weights.
+    """
+
+    def clone(layer):
+        config = layer.get_config()
+        if "dtype" in config and not isinstance(layer, keras.layers.InputLayer):
+            config["dtype"] = policy
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights() if weights is None else weights)
+    return copy
