@@ -195,7 +195,6 @@ def _check_settings(config, model_config):
     check_batching(config.max_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
-    resolve_precision(config.precision)
 
 
 def _best_so_far(out, monitor):
