@@ -141,7 +141,8 @@ def per_token_loss(
     if unpadded is not None:
         # Training logits whose padded rows were never computed (see
         # `OutputProjection`): the loss runs on the real rows only.
-        y_pred, unpadding = unpadded
+        computed, unpadding = unpadded
+        y_pred = ops.cast(computed, "float32")  # mixed precision: float32 loss
         safe_ids = unpadding.unpad(safe_ids)
 
     vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
@@ -154,6 +155,9 @@ def per_token_loss(
             losses = _tf_softmax_cross_entropy(
                 safe_ids, y_pred, label_smoothing, fused=unpadded is not None
             )
+            if unpadded is not None and y_pred is not computed:
+                # bfloat16 logits: the accuracy looks for the argmax on them.
+                kernels.record_argmax(computed, kernels.argmax_of(y_pred))
         elif label_smoothing:
             eps = float(label_smoothing)
             target = ops.one_hot(safe_ids, vocab, dtype="float32")

@@ -343,6 +343,18 @@ def argmax_of(logits):
     return argmax
 
 
+def record_argmax(tensor, argmax):
+    """Attach `argmax` (from `argmax_of` of a cast of `tensor`) to `tensor`,
+    so that `argmax_of(tensor)` finds it; a cast to float32 does not move
+    the largest logit. Does nothing for None or a tensor without attributes."""
+    if argmax is None:
+        return
+    try:
+        setattr(tensor, _ARGMAX, argmax)
+    except AttributeError:
+        pass
+
+
 def fused_softmax_cross_entropy(labels, logits, label_smoothing):
     """Per-row softmax cross-entropy with label smoothing (section 5.4).
 

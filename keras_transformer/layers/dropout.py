@@ -1,6 +1,7 @@
 """Dropout (Srivastava et al., 2014) with cheaper random numbers on TensorFlow."""
 
 import keras
+from keras import ops
 
 from keras_transformer import kernels
 
@@ -97,4 +98,8 @@ class Dropout(keras.layers.Dropout):
         seed = self.next_seed()
         if kernels.usable(inputs):
             return kernels.fused_dropout(inputs, float(self.rate), seed)
+        if keras.backend.standardize_dtype(inputs.dtype) == "bfloat16" and kernels.usable():
+            # mixed_bfloat16: the float32 kernel between casts (same mask).
+            dropped = kernels.fused_dropout(ops.cast(inputs, "float32"), float(self.rate), seed)
+            return ops.cast(dropped, inputs.dtype)
         return _tf_dropout(inputs, float(self.rate), seed)

@@ -103,7 +103,7 @@ def heads_first_attention(query, key, value, mask=None, dropout=None, training=N
 def _fusable(scores, mask, dropout, training):
     """Whether the masked softmax and the weights' dropout can run as one
     fused kernel (`kernels.fused_masked_softmax_dropout`): training on
-    TensorFlow outside XLA in float32, with a mask, and this package's
+    TensorFlow outside XLA with float32 scores, a mask, and this package's
     Dropout (at rate 0 or on its fast path) or none."""
     if training is not True or mask is None:
         return False
@@ -116,12 +116,16 @@ def _fusable(scores, mask, dropout, training):
 
 def _attention(query, key, value, mask, dropout, training, scores_equation, output_equation):
     scores = ops.einsum(scores_equation, query, key)
-    float32 = keras.backend.standardize_dtype(value.dtype) == "float32"
-    if float32 and _fusable(scores, mask, dropout, training):
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    if dtype == "bfloat16":
+        # mixed_bfloat16: the float32 kernel runs on the float32 scores that
+        # `masked_softmax` would compute from.
+        scores = ops.cast(scores, "float32")
+    if dtype in ("float32", "bfloat16") and _fusable(scores, mask, dropout, training):
         rate = float(dropout.rate) if dropout is not None else 0.0
         seed = dropout.next_seed() if rate else ops.zeros((2,), "int32")
         weights, attended = kernels.fused_masked_softmax_dropout(scores, mask, rate, seed)
-        return ops.einsum(output_equation, attended, value), weights
+        return ops.einsum(output_equation, ops.cast(attended, dtype), value), weights
     weights = masked_softmax(scores, mask)
     attended = ops.cast(weights, value.dtype)
     if dropout is not None:

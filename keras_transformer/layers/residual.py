@@ -1,5 +1,6 @@
 """The residual connection around every sub-layer (section 3.1 and 5.4)."""
 
+import keras
 from keras import ops
 
 from keras_transformer import kernels
@@ -15,17 +16,19 @@ def make_layer_norm(epsilon, dtype, name):
 def _fusable(inputs, result, norm, dropout, training):
     """Whether the post-LN `norm(inputs + dropout(result))` can run as one
     fused kernel (`kernels.fused_residual_layer_norm`): training on
-    TensorFlow outside XLA, float32 throughout, this package's LayerNorm on
-    its fast path and its Dropout at rate 0 or on its fast path."""
+    TensorFlow outside XLA, float32 throughout (or bfloat16 throughout, cast
+    to float32 for the kernel and back), this package's LayerNorm on its
+    fast path and its Dropout at rate 0 or on its fast path."""
     if training is not True or not isinstance(norm, LayerNormalization):
         return False
     if not isinstance(dropout, Dropout) or (dropout.rate and not dropout.fast_path(training)):
         return False
-    if norm.compute_dtype != "float32" or not norm._fast_path(inputs):
+    if not norm._fast_path(inputs) or tuple(inputs.shape) != tuple(result.shape):
         return False
-    if tuple(inputs.shape) != tuple(result.shape):
-        return False
-    return kernels.usable(inputs, result)
+    dtypes = {keras.backend.standardize_dtype(t.dtype) for t in (inputs, result)}
+    dtypes.add(norm.compute_dtype)
+    # bfloat16 (mixed_bfloat16) runs the float32 kernel between casts.
+    return dtypes in ({"float32"}, {"bfloat16"}) and kernels.usable()
 
 
 def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
@@ -59,15 +62,15 @@ def residual(inputs, sublayer, norm, dropout, norm_first, training=None):
     if not norm_first and _fusable(inputs, result, norm, dropout, training):
         seed = dropout.next_seed() if dropout.rate else ops.zeros((2,), "int32")
         outputs = kernels.fused_residual_layer_norm(
-            inputs,
-            result,
+            ops.cast(inputs, "float32"),
+            ops.cast(result, "float32"),
             ops.convert_to_tensor(norm.gamma),
             ops.convert_to_tensor(norm.beta),
             float(dropout.rate),
             seed,
             float(norm.epsilon),
         )
-        return outputs, extras
+        return ops.cast(outputs, norm.compute_dtype), extras
     outputs = ops.add(inputs, dropout(result, training=training))
     if not norm_first:
         outputs = norm(outputs)
