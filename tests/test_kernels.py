@@ -131,26 +131,32 @@ def test_residual_layer_norm_forward_and_gradient(module, rate, shape):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_gather_rows_with_a_zero_row(module):
-    params = np.arange(12, dtype="float32").reshape(4, 3)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gather_rows_with_a_zero_row(module, dtype):
+    values = np.arange(12, dtype="float32").reshape(4, 3) + 0.5  # exact in bfloat16
+    params = tf.cast(values, dtype)
     index = np.array([2, 4, 0, 4, 3], "int32")  # 4 = the zero row
-    expected = np.concatenate([params, np.zeros((1, 3), "float32")])[index]
-    np.testing.assert_array_equal(module.kt_gather_rows(params, index).numpy(), expected)
+    expected = np.concatenate([values, np.zeros((1, 3), "float32")])[index]
+    got = module.kt_gather_rows(params, index)
+    assert got.dtype == params.dtype
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), expected)
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         module.kt_gather_rows(params, np.array([5], "int32"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         module.kt_gather_rows(params, np.array([-1], "int32"))
 
 
-def test_gather_rows_from_parts(module):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gather_rows_from_parts(module, dtype):
     """Rows of the stacked parts (2, 0 and 3 rows) without stacking them."""
-    parts = [np.arange(6, dtype="float32").reshape(2, 3), np.zeros((0, 3), "float32"),
-             100 + np.arange(9, dtype="float32").reshape(3, 3)]
-    stacked = np.concatenate(parts + [np.zeros((1, 3), "float32")])
+    values = [np.arange(6, dtype="float32").reshape(2, 3), np.zeros((0, 3), "float32"),
+              100 + np.arange(9, dtype="float32").reshape(3, 3)]
+    parts = [tf.cast(v, dtype) for v in values]
+    stacked = np.concatenate(values + [np.zeros((1, 3), "float32")])
     index = np.array([4, 0, 5, 2, 1, 3], "int32")  # 5 = the zero row
-    np.testing.assert_array_equal(
-        module.kt_gather_rows_from_parts(parts, index).numpy(), stacked[index]
-    )
+    got = module.kt_gather_rows_from_parts(parts, index)
+    assert got.dtype == parts[0].dtype
+    np.testing.assert_array_equal(tf.cast(got, tf.float32).numpy(), stacked[index])
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         module.kt_gather_rows_from_parts(parts, np.array([6], "int32"))
 
@@ -421,7 +427,7 @@ def test_accuracy_reuses_the_loss_argmax(module):
 def test_mixed_bfloat16_training_step_runs_the_kernels_between_casts(module, monkeypatch):
     """Under mixed_bfloat16 the residual LayerNorm, the attention softmax
     and the cross-entropy run the float32 kernels on float32 casts of the
-    bfloat16 tensors. Against the float32 step with the same weights, the
+    bfloat16 tensors, the gathers on bfloat16 rows. Against the float32 step with the same weights, the
     fused bfloat16 step's loss and gradients are as close as bfloat16 allows,
     and closer overall than the TensorFlow-op bfloat16 step's (the fused
     residual add is float32, not bfloat16)."""
@@ -431,8 +437,8 @@ def test_mixed_bfloat16_training_step_runs_the_kernels_between_casts(module, mon
     fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
     plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
     assert {"KtResidualLayerNorm", "KtResidualLayerNormGrad", "KtMaskedSoftmaxDropout",
-            "KtMaskedSoftmaxDropoutGrad", "KtSoftmaxCrossEntropy",
-            "KtSoftmaxCrossEntropyGrad"} <= fused_ops
+            "KtMaskedSoftmaxDropoutGrad", "KtGatherRows", "KtGatherRowsFromParts",
+            "KtSoftmaxCrossEntropy", "KtSoftmaxCrossEntropyGrad"} <= fused_ops
     assert not any(op.startswith("Kt") for op in plain_ops)
     np.testing.assert_allclose(fused_loss, ref_loss, rtol=1e-2)
     np.testing.assert_allclose(plain_loss, ref_loss, rtol=1e-2)

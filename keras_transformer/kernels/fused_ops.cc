@@ -525,9 +525,10 @@ REGISTER_KERNEL_BUILDER(Name("KtMaskedSoftmaxDropout").Device(DEVICE_CPU),
 REGISTER_KERNEL_BUILDER(Name("KtMaskedSoftmaxDropoutGrad").Device(DEVICE_CPU),
                         MaskedSoftmaxDropoutGradOp);
 REGISTER_OP("KtGatherRows")
-    .Input("params: float")
+    .Input("params: T")
     .Input("indices: int32")
-    .Output("out: float")
+    .Output("out: T")
+    .Attr("T: {float, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, out;
       TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 1, &features));
@@ -538,6 +539,9 @@ REGISTER_OP("KtGatherRows")
     .Doc("out[s] = params[indices[s]], and a row of zeros where indices[s] "
          "== params.shape[0] (the padding rows of layers/unpadding.py).");
 
+// The gathers only move rows: one template for float32 and bfloat16
+// (mixed_bfloat16 training), instantiated for both.
+template <typename T>
 class GatherRowsOp : public OpKernel {
  public:
   explicit GatherRowsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -561,9 +565,9 @@ class GatherRowsOp : public OpKernel {
                   InvalidArgument("index ", pi[s], " at ", s, " is outside [0, ", rows, "]"));
     }
     if (n == 0 || features == 0) return;
-    const float* pp = params.flat<float>().data();
-    float* po = out->flat<float>().data();
-    const size_t bytes = features * sizeof(float);
+    const T* pp = params.flat<T>().data();
+    T* po = out->flat<T>().data();
+    const size_t bytes = features * sizeof(T);
     ParallelRows(ctx, n, 2 * features, [&](int64_t b, int64_t e) {
       for (int64_t s = b; s < e; ++s) {
         if (pi[s] < rows) {
@@ -576,13 +580,19 @@ class GatherRowsOp : public OpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("KtGatherRows").Device(DEVICE_CPU), GatherRowsOp);
+REGISTER_KERNEL_BUILDER(
+    Name("KtGatherRows").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+    GatherRowsOp<float>);
+REGISTER_KERNEL_BUILDER(
+    Name("KtGatherRows").Device(DEVICE_CPU).TypeConstraint<::tensorflow::bfloat16>("T"),
+    GatherRowsOp<::tensorflow::bfloat16>);
 
 REGISTER_OP("KtGatherRowsFromParts")
-    .Input("parts: N * float")
+    .Input("parts: N * T")
     .Input("indices: int32")
     .Attr("N: int >= 1")
-    .Output("out: float")
+    .Attr("T: {float, bfloat16}")
+    .Output("out: T")
     .SetShapeFn([](InferenceContext* c) {
       const int n = c->num_inputs() - 1;
       ShapeHandle features, out;
@@ -596,6 +606,7 @@ REGISTER_OP("KtGatherRowsFromParts")
          "the index equal to the total row count gives zeros. Every part has "
          "the same feature size.");
 
+template <typename T>
 class GatherRowsFromPartsOp : public OpKernel {
  public:
   explicit GatherRowsFromPartsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -608,7 +619,7 @@ class GatherRowsFromPartsOp : public OpKernel {
     OP_REQUIRES(ctx, head.dims() >= 1, InvalidArgument("parts must have rank >= 1"));
     int64_t features = 1;  // from the shape: a part may have 0 rows
     for (int a = 1; a < head.dims(); ++a) features *= head.dim_size(a);
-    std::vector<const float*> base(n_parts);
+    std::vector<const T*> base(n_parts);
     std::vector<int64_t> start(n_parts + 1, 0);
     for (int p = 0; p < n_parts; ++p) {
       const Tensor& part = ctx->input(p);
@@ -618,7 +629,7 @@ class GatherRowsFromPartsOp : public OpKernel {
         OP_REQUIRES(ctx, part.dim_size(a) == head.dim_size(a),
                     InvalidArgument("parts differ in their feature shape"));
       }
-      base[p] = part.flat<float>().data();
+      base[p] = part.flat<T>().data();
       start[p + 1] = start[p] + part.dim_size(0);
     }
     const int64_t rows = start[n_parts];
@@ -633,8 +644,8 @@ class GatherRowsFromPartsOp : public OpKernel {
                   InvalidArgument("index ", pi[s], " at ", s, " is outside [0, ", rows, "]"));
     }
     if (n == 0 || features == 0) return;
-    float* po = out->flat<float>().data();
-    const size_t bytes = features * sizeof(float);
+    T* po = out->flat<T>().data();
+    const size_t bytes = features * sizeof(T);
     ParallelRows(ctx, n, 2 * features, [&](int64_t b, int64_t e) {
       for (int64_t s = b; s < e; ++s) {
         const int64_t r = pi[s];
@@ -650,8 +661,12 @@ class GatherRowsFromPartsOp : public OpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("KtGatherRowsFromParts").Device(DEVICE_CPU),
-                        GatherRowsFromPartsOp);
+REGISTER_KERNEL_BUILDER(
+    Name("KtGatherRowsFromParts").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+    GatherRowsFromPartsOp<float>);
+REGISTER_KERNEL_BUILDER(
+    Name("KtGatherRowsFromParts").Device(DEVICE_CPU).TypeConstraint<::tensorflow::bfloat16>("T"),
+    GatherRowsFromPartsOp<::tensorflow::bfloat16>);
 
 REGISTER_OP("KtSoftmaxCrossEntropy")
     .Input("logits: float")

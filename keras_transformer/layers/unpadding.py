@@ -160,7 +160,7 @@ class Unpadding:
         depth = x.shape[-1] // (parts * num_heads)
         to_padded, to_tokens = self._head_gathers(parts, num_heads)
         rows = ops.reshape(x, (-1, depth))
-        if keras.backend.backend() == "tensorflow" and kernels.usable(rows):
+        if keras.backend.backend() == "tensorflow" and kernels.usable(rows, dtypes=kernels.GATHER_DTYPES):
             return self._fused_pad_heads(rows, to_padded, to_tokens, num_heads, parts)
         rows = gather_rows(rows, to_padded, to_tokens, zero_row=True)
         rows = ops.reshape(rows, (parts, self.batch, num_heads, self.length, depth))
@@ -202,7 +202,7 @@ class Unpadding:
 
 
 def _take_rows(rows, index, zero_row):
-    if keras.backend.backend() == "tensorflow" and kernels.usable(rows):
+    if keras.backend.backend() == "tensorflow" and kernels.usable(rows, dtypes=kernels.GATHER_DTYPES):
         # One pass: the index `R` gives a zero row, with no copy of `rows`
         # to append one (the fused kernels of `keras_transformer.kernels`).
         return kernels.load().kt_gather_rows(rows, index)
