@@ -5,12 +5,13 @@ one of `PRECISIONS`:
 
 - `"float32"`: every layer computes and stores in float32.
 - `"mixed_bfloat16"`: layers compute in bfloat16 and keep float32 variables
-  (Keras's policy of that name); the loss, its softmax and the optimizer
-  stay float32. Faster on a CPU with bfloat16 dot-product instructions
-  (`avx512_bf16` or `amx_bf16` in `/proc/cpuinfo`): bench-small trained at
-  7,639 against 6,559 tokens/s on a 2-core AMD EPYC with `avx512_bf16`
-  (`python benchmarks/training.py`), and about 4x slower than float32 on a
-  CPU without them, where bfloat16 matmuls are emulated.
+  (Keras's policy of that name); LayerNorm, the attention softmax, the loss
+  and the optimizer stay float32. Faster on a CPU with bfloat16 dot-product
+  instructions (`avx512_bf16` or `amx_bf16` in `/proc/cpuinfo`):
+  bench-small trained at 8,162 against about 6,400 tokens/s in float32 on a
+  2-core AMD EPYC with `avx512_bf16` (`python benchmarks/training.py`), and
+  about 4x slower than float32 on a CPU without them, where bfloat16
+  matmuls are emulated.
 - `"mixed_float16"`: the GPU policy (float16 compute, with the loss scaling
   that `model.compile` adds for it). Not the default anywhere: it was not
   measured here.
@@ -18,12 +19,10 @@ one of `PRECISIONS`:
   no GPU is visible, the CPU has bfloat16 instructions and `d_model` is at
   least `BFLOAT16_MIN_D_MODEL` (256); `"float32"` otherwise. That is the
   faster of the two where both were measured on that CPU: the `small`
-  preset (d_model 256) trained a Multi30k epoch in 51 s against 65 s with
-  the same validation loss curve (3.50 against 3.53 after 6 epochs); the
-  demo's `tiny` model (d_model 128, 2,048-token batches) stepped in 61 ms
-  against 53 ms, its matmuls too small to gain what the casts cost, and
-  float32 keeps the fused training kernels (`keras_transformer.kernels`),
-  which are float32 only.
+  preset (d_model 256) trained a Multi30k epoch in 46 s against 65 s with
+  the same validation loss curve (3.52 against 3.53 after 6 epochs); the
+  demo's `tiny` model (d_model 128, 2,048-token batches) stepped in 53 to
+  56 ms against 53 ms, its matmuls too small to gain what the casts cost.
 
 Decoding always runs in float32 (`Translator` copies a mixed-precision model
 to float32 compute; its variables are float32 already, so the weights are

@@ -28,7 +28,7 @@ gathers, which only move rows, also take bfloat16 directly.
 
 On bench-small (`benchmarks/training.py`) they take a float32 training step
 from about 288 to 253 ms on 2 cores (431 to 381 ms on an earlier CPU), and
-a mixed_bfloat16 one from about 203 to 165 ms.
+a mixed_bfloat16 one from about 195 to 167 ms.
 
 The library (`fused_ops.cc`) is built with the C++ compiler (`$CXX`, else
 `g++` or `c++`) against the installed TensorFlow's headers the first time a
