@@ -317,8 +317,12 @@ def train(config, verbose=1):
         print(f"Training precision: {model_config['dtype']}"
               + (" (auto)" if config.precision == "auto" else ""))
     replicas = num_replicas(config.distribution)
-    # jax shards each batch evenly over the devices; tensorflow splits any size.
-    batch_multiple = replicas if keras.backend.backend() == "jax" else 1
+    # Every batch is topped up with all-padding rows (which the masked loss
+    # and accuracy ignore) to split evenly over the devices: jax shards
+    # evenly only, and on tensorflow Keras builds the model from the first
+    # batch averaged over the replicas (`_maybe_symbolic_build`), which fails
+    # on unequal shards (37 rows as 19 + 18).
+    batch_multiple = replicas
 
     # Compiled steps (jax, or XLA on tensorflow) compile once per batch
     # shape: batches padded to their bucket's upper length give one shape

@@ -194,8 +194,8 @@ def make_dataset(
         cache: bool. Cache the tokenized, packed examples in memory.
             Defaults to `True`.
         batch_multiple: int. Pad every batch with all-padding rows up to a
-            multiple of this (the device count of data-parallel training on
-            jax, which splits batches evenly). Defaults to 1.
+            multiple of this (the device count of data-parallel training,
+            which needs an even split). Defaults to 1.
 
     Returns:
         `tf.data.Dataset` with element spec
