@@ -80,6 +80,7 @@ def _add_training_args(parser):
                         choices=PRECISIONS,
                         help="compute dtype policy (default: auto = mixed_bfloat16 on a CPU with "
                              "bfloat16 instructions for d_model >= 256, float32 elsewhere; "
+                             "$KERAS_TRANSFORMER_PRECISION, when set, replaces auto; "
                              "decoding is float32)")
 
 

@@ -36,6 +36,9 @@ import keras
 
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 
+# When set, replaces every "auto" (the `train` default included).
+ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_PRECISION"
+
 # /proc/cpuinfo flags of bfloat16 dot-product instructions (x86) that oneDNN,
 # and so TensorFlow's CPU matmuls, use for bfloat16 inputs.
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -78,17 +81,25 @@ def resolve_precision(precision="auto", d_model=None):
 
     Args:
         precision: one of `PRECISIONS`. The environment variable
-            `KERAS_TRANSFORMER_PRECISION`, when set, replaces `"auto"`.
+            `KERAS_TRANSFORMER_PRECISION` (`ENVIRONMENT_VARIABLE`), when
+            set, replaces `"auto"`.
         d_model: the model width, for `"auto"`; None counts as wide enough.
 
     Returns:
         str: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"`.
 
     Raises:
-        ValueError: for a name not in `PRECISIONS`.
+        ValueError: for a name not in `PRECISIONS`, given or read from the
+            environment variable (the message names which).
     """
     if precision == "auto":
-        precision = os.environ.get("KERAS_TRANSFORMER_PRECISION", "auto") or "auto"
+        chosen = os.environ.get(ENVIRONMENT_VARIABLE, "auto") or "auto"
+        if chosen not in PRECISIONS:
+            raise ValueError(
+                f"The environment variable {ENVIRONMENT_VARIABLE} must be one of "
+                f"{PRECISIONS}; got {chosen!r}. Correct or unset it."
+            )
+        precision = chosen
     if precision not in PRECISIONS:
         raise ValueError(
             f"`precision` must be one of {PRECISIONS}; got {precision!r}."
@@ -103,6 +114,16 @@ def resolve_precision(precision="auto", d_model=None):
     ):
         return "mixed_bfloat16"
     return "float32"
+
+
+def precision_source(precision):
+    """What decides `precision`: `"given"` (a name other than `"auto"`),
+    `ENVIRONMENT_VARIABLE` (set, replacing `"auto"`) or `"auto"`."""
+    if precision != "auto":
+        return "given"
+    if os.environ.get(ENVIRONMENT_VARIABLE, "auto") not in ("", "auto"):
+        return ENVIRONMENT_VARIABLE
+    return "auto"
 
 
 def compute_dtype(model):

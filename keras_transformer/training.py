@@ -31,6 +31,7 @@ from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
 from keras_transformer.optimizers import Adam
+from keras_transformer.precision import precision_source
 from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
@@ -180,7 +181,9 @@ class _Timer(keras.callbacks.Callback):
         self.steps += 1
 
     def on_epoch_end(self, epoch, logs=None):
-        record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps}
+        record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps,
+                  # A resumed run may change precision; config.json keeps the latest.
+                  "precision": self.model.get_layer("logits").dtype_policy.name}
         record.update({k: float(v) for k, v in (logs or {}).items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -314,8 +317,9 @@ def train(config, verbose=1):
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
     if verbose:
+        source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
-              + (" (auto)" if config.precision == "auto" else ""))
+              + ("" if source == "given" else f" ({source})"))
     replicas = num_replicas(config.distribution)
     # Every batch is topped up with all-padding rows (which the masked loss
     # and accuracy ignore) to split evenly over the devices: jax shards

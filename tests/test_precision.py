@@ -69,9 +69,18 @@ def test_environment_variable_replaces_auto(monkeypatch):
     monkeypatch.setattr(precision, "cpu_has_bfloat16", lambda: True)
     monkeypatch.setenv("KERAS_TRANSFORMER_PRECISION", "float32")
     assert resolve_precision("auto") == "float32"
+    assert precision.precision_source("auto") == "KERAS_TRANSFORMER_PRECISION"
+    assert precision.precision_source("float32") == "given"
     monkeypatch.setenv("KERAS_TRANSFORMER_PRECISION", "half")
-    with pytest.raises(ValueError, match="got 'half'"):
+    with pytest.raises(
+        ValueError, match="environment variable KERAS_TRANSFORMER_PRECISION .* got 'half'"
+    ):
         resolve_precision("auto")
+    # An explicit precision does not read the variable.
+    assert resolve_precision("float32") == "float32"
+    for unset in ("", "auto"):
+        monkeypatch.setenv("KERAS_TRANSFORMER_PRECISION", unset)
+        assert precision.precision_source("auto") == "auto"
 
 
 def _tiny(dtype=None):
@@ -170,5 +179,6 @@ def test_train_records_and_uses_the_precision(tmp_path):
     # The run resumes in float32 (the variables are float32 either way).
     model, _, _ = train(TrainingConfig(precision="float32", **dict(config, epochs=2)), verbose=0)
     assert compute_dtype(model) == "float32"
-    assert len((run / "epochs.jsonl").read_text().splitlines()) == 2
+    epochs = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
+    assert [e["precision"] for e in epochs] == ["mixed_bfloat16", "float32"]
     assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
