@@ -155,7 +155,7 @@ def per_token_loss(
             losses = _tf_softmax_cross_entropy(
                 safe_ids, y_pred, label_smoothing, fused=unpadded is not None
             )
-            if unpadded is not None and y_pred is not computed:
+            if unpadded is not None and computed.dtype != y_pred.dtype:
                 # bfloat16 logits: the accuracy looks for the argmax on them.
                 kernels.record_argmax(computed, kernels.argmax_of(y_pred))
         elif label_smoothing:

@@ -71,9 +71,9 @@ def cpu_has_bfloat16(cpuinfo="/proc/cpuinfo"):
 def _has_gpu():
     if keras.backend.backend() != "tensorflow":
         return False
-    import tensorflow as tf
+    from keras_transformer import kernels
 
-    return bool(tf.config.list_logical_devices("GPU"))
+    return kernels.has_accelerator()
 
 
 def resolve_precision(precision="auto", d_model=None):

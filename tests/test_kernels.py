@@ -235,6 +235,14 @@ def batch():
     return {"encoder_inputs": src, "decoder_inputs": tgt}, tgt
 
 
+# The fused ops of a training step (forward and gradient) of `small_model`.
+TRAINING_STEP_OPS = {
+    "KtResidualLayerNorm", "KtResidualLayerNormGrad", "KtMaskedSoftmaxDropout",
+    "KtMaskedSoftmaxDropoutGrad", "KtGatherRows", "KtGatherRowsFromParts",
+    "KtSoftmaxCrossEntropy", "KtSoftmaxCrossEntropyGrad",
+}
+
+
 def train_step_ops_and_gradients(model, use_kernels, monkeypatch):
     from keras_transformer import masked_loss
 
@@ -262,9 +270,7 @@ def test_training_step_runs_the_kernels_and_matches_without_them(module, monkeyp
     model = small_model(0.0)
     fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
     plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
-    assert {"KtResidualLayerNorm", "KtResidualLayerNormGrad", "KtMaskedSoftmaxDropout",
-            "KtMaskedSoftmaxDropoutGrad", "KtGatherRows", "KtGatherRowsFromParts",
-            "KtSoftmaxCrossEntropy", "KtSoftmaxCrossEntropyGrad"} <= fused_ops
+    assert TRAINING_STEP_OPS <= fused_ops
     assert not any(op.startswith("Kt") for op in plain_ops)
     np.testing.assert_allclose(fused_loss, plain_loss, rtol=1e-5)
     for got, want in zip(fused_grads, plain_grads):
@@ -430,8 +436,9 @@ def test_accuracy_reuses_the_loss_argmax(module, dtype):
 def test_mixed_bfloat16_training_step_runs_the_kernels_between_casts(module, monkeypatch):
     """Under mixed_bfloat16 the residual LayerNorm, the attention softmax
     and the cross-entropy run the float32 kernels on float32 casts of the
-    bfloat16 tensors, the gathers on bfloat16 rows. Against the float32 step with the same weights, the
-    fused bfloat16 step's loss and gradients are as close as bfloat16 allows,
+    bfloat16 tensors, the gathers on bfloat16 rows. Against the float32
+    step with the same weights, the fused bfloat16 step's loss and
+    gradients are as close as bfloat16 allows,
     and closer overall than the TensorFlow-op bfloat16 step's (the fused
     residual add is float32, not bfloat16)."""
     reference = small_model(0.0)
@@ -439,9 +446,7 @@ def test_mixed_bfloat16_training_step_runs_the_kernels_between_casts(module, mon
     model = small_model(0.0, dtype="mixed_bfloat16")
     fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
     plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
-    assert {"KtResidualLayerNorm", "KtResidualLayerNormGrad", "KtMaskedSoftmaxDropout",
-            "KtMaskedSoftmaxDropoutGrad", "KtGatherRows", "KtGatherRowsFromParts",
-            "KtSoftmaxCrossEntropy", "KtSoftmaxCrossEntropyGrad"} <= fused_ops
+    assert TRAINING_STEP_OPS <= fused_ops
     assert not any(op.startswith("Kt") for op in plain_ops)
     np.testing.assert_allclose(fused_loss, ref_loss, rtol=1e-2)
     np.testing.assert_allclose(plain_loss, ref_loss, rtol=1e-2)

@@ -182,7 +182,8 @@ def _in_xla():
 
 
 @functools.lru_cache(maxsize=None)
-def _has_accelerator():
+def has_accelerator():
+    """Whether TensorFlow sees a device other than the CPU (GPU, TPU)."""
     import tensorflow as tf
 
     return any(d.device_type != "CPU" for d in tf.config.list_logical_devices())
@@ -199,7 +200,7 @@ def usable(*tensors, dtypes=("float32",)):
     compilation, library loaded."""
     import keras
 
-    if keras.backend.backend() != "tensorflow" or _has_accelerator():
+    if keras.backend.backend() != "tensorflow" or has_accelerator():
         return False
     if any(keras.backend.standardize_dtype(t.dtype) not in dtypes for t in tensors):
         return False
