@@ -63,6 +63,7 @@ from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentrop
 from keras_transformer.precision import cpu_has_bfloat16, resolve_precision  # noqa: E402
 from keras_transformer import Adam  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer import kernels  # noqa: E402
 from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
 from keras_transformer.training import TrainingConfig  # noqa: E402
 
@@ -73,6 +74,8 @@ TRAIN_DEFAULT = f"ours @ train default ({TRAIN_TOKENS} tokens/side)"
 
 
 def build_ours(jit_compile="auto", dtype=None):
+    if keras.backend.backend() == "tensorflow":
+        kernels.build()  # as `train` does: the fused CPU kernels, where they build
     model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN, dtype=dtype)
     model.compile(Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
                   metrics=[MaskedAccuracy()], jit_compile=jit_compile)
@@ -353,6 +356,8 @@ def main():
     bf16 = matmul_rate(2048, 2048, 2048, 1.0 if args.quick else 3.0, dtype="bfloat16")
     print(f"bfloat16 matmul 2048^3: {bf16 / 1e9:.1f} GFLOP/s (CPU bfloat16 instructions: "
           f"{'yes' if cpu_has_bfloat16() else 'no'}); every share below is of the float32 peak")
+    if keras.backend.backend() == "tensorflow":
+        print(f"fused CPU training kernels: {kernels.build().reason}")
     models = {name: build() for name, build in BUILDERS.items()}
     batches = random_batches(steps + warmup, np.random.default_rng(0))
     report("identical random batches", run(models, lambda name: batches, steps, warmup, peak))

@@ -299,6 +299,15 @@ def cmd_demo(args):
           f"--run {config.output_dir} \"A dog runs.\"  (or --saved-model {path})")
 
 
+def cmd_build_kernels(args):
+    from keras_transformer import kernels
+
+    built = kernels.build(force=args.force)
+    if not built.available:
+        raise OSError(f"the fused CPU training kernels are not available: {built.reason}")
+    print(f"Fused CPU training kernels: {built.reason}")
+
+
 def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.splitlines()[0])
@@ -344,6 +353,14 @@ def main(argv=None):
     p.add_argument("--epochs", type=_positive_int, default=12)
     p.add_argument("--train-pairs", type=int, default=6000)
     p.set_defaults(func=cmd_demo)
+
+    p = commands.add_parser(
+        "build-kernels",
+        help="compile the fused CPU training kernels for this machine (cached; train runs it too)",
+    )
+    p.add_argument("--force", action="store_true",
+                   help="compile again, also after a build that failed")
+    p.set_defaults(func=cmd_build_kernels)
 
     args = parser.parse_args(argv)
     try:

@@ -31,6 +31,7 @@ from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
 from keras_transformer.optimizers import Adam
+from keras_transformer import kernels
 from keras_transformer.precision import precision_source
 from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
@@ -260,6 +261,23 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
         json.dump({"training": dataclasses.asdict(config), "model": model}, f, indent=2)
 
 
+def _fast_path(config):
+    """Builds the fused CPU kernels (`keras_transformer.kernels`) where this
+    run's training steps can use them, and says in one line which path the
+    steps take and, when it is the TensorFlow-op one, why."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        return f"{backend} ops (the fused kernels are TensorFlow CPU ops)"
+    if kernels.has_accelerator():
+        return "TensorFlow ops (the fused kernels are CPU ops; TensorFlow sees an accelerator)"
+    if config.jit_compile is True:  # "auto" is no XLA on a CPU-only machine
+        return "XLA (--jit-compile; the fused kernels run outside XLA only)"
+    built = kernels.build()
+    if built.available:
+        return f"fused CPU kernels ({built.path})"
+    return f"TensorFlow ops, slower: fused CPU kernels {built.reason}"
+
+
 def train(config, verbose=1):
     """Train (or resume) a run described by a `TrainingConfig`.
 
@@ -316,10 +334,12 @@ def train(config, verbose=1):
 
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
+    fast_path = _fast_path(config)
     if verbose:
         source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
               + ("" if source == "given" else f" ({source})"))
+        print(f"Training path: {fast_path}")
     replicas = num_replicas(config.distribution)
     # Every batch is topped up with all-padding rows (which the masked loss
     # and accuracy ignore) to split evenly over the devices: jax shards

@@ -28,6 +28,19 @@ def multi30k_dir():
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fused_kernels():
+    """Builds the fused CPU training kernels once, as `train` does, so that
+    training steps in the tests take the same path as `train`'s."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        from keras_transformer import kernels
+
+        return kernels.build()
+    return None
+
+
 @pytest.fixture
 def multi30k():
     return multi30k_dir()

@@ -21,13 +21,13 @@ MASK64 = (1 << 64) - 1
 
 @pytest.fixture(scope="module")
 def module():
-    loaded = kernels.load()
-    if loaded is None:
-        message = "fused kernels unavailable (no C++ compiler, or turned off)"
+    built = kernels.build()
+    if not built.available:
+        message = f"fused kernels unavailable: {built.reason}"
         if os.environ.get("CI") and not kernels._disabled():
             pytest.fail(message)
         pytest.skip(message)
-    return loaded
+    return kernels.load()
 
 
 def mix64(z):
@@ -316,15 +316,77 @@ def test_fit_then_export_has_no_fused_ops(module, tmp_path):
 
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv(kernels.ENV_SWITCH, "0")
-    assert kernels._load.__wrapped__() is None
+    assert kernels.load() is None
+    built = kernels.build()
+    assert not built.available and kernels.ENV_SWITCH in built.reason
 
 
-def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
+FAILING_COMPILER = """#!/bin/sh
+echo called >> "{calls}"
+echo "In file included from x.h:1," >&2
+echo "x.h:9:5: error: expected initializer before '<' token" >&2
+echo "compilation terminated." >&2
+exit 1
+"""
+
+
+def test_a_failed_build_is_remembered_with_the_compilers_error_line(monkeypatch, tmp_path):
+    """A build that fails reports the compiler's error line (not its
+    trailing notes), falls back to TensorFlow ops, and is not retried by
+    later calls (nor by other processes, which read the cache) until
+    `force=True`; `load()` never compiles."""
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "cxx"
+    compiler.write_text(FAILING_COMPILER.format(calls=calls))
+    compiler.chmod(0o755)
     monkeypatch.setenv(kernels.ENV_SWITCH, "1")
-    monkeypatch.setenv(kernels.ENV_CACHE, str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    with pytest.warns(UserWarning, match="could not be built"):
-        assert kernels._load.__wrapped__() is None
+    monkeypatch.setenv(kernels.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(compiler))
+    assert kernels.load() is None and not calls.exists()
+    first = kernels.build()
+    assert not first.available
+    assert "error: expected initializer before '<' token" in first.reason
+    attempts = len(calls.read_text().splitlines())
+    assert attempts == len(kernels.ARCH_FLAGS)  # each flag set once, then give up
+    again = kernels.build()
+    assert again.reason == first.reason and kernels.status().reason == first.reason
+    assert len(calls.read_text().splitlines()) == attempts  # remembered, not retried
+    assert kernels.load() is None
+    kernels.build(force=True)
+    assert len(calls.read_text().splitlines()) == 2 * attempts
+
+
+def test_error_line_is_the_first_error():
+    log = "In file included from a.h:3,\n  b.h:2: error: boom\nc.h:1: error: later\nnote: x\n"
+    assert kernels.error_line(log) == "b.h:2: error: boom"
+    assert kernels.error_line("ld: cannot find -lfoo\n") == "ld: cannot find -lfoo"
+
+
+@pytest.mark.slow
+def test_flags_compile_on_a_cpu_with_avx512_fp16(tmp_path):
+    """On Intel CPUs with AVX512-FP16, `-march=native` made g++ 12 compile
+    Eigen's float16 packet code, which it rejects ("expected initializer
+    before '<'" in PacketMathFP16.h): every build failed there. The first
+    flag set, with that CPU's `-march`, compiles the kernels' headers."""
+    import subprocess
+
+    compiler = kernels._compiler()
+    if not compiler:
+        pytest.skip("no C++ compiler")
+    probe = subprocess.run([*compiler, "-march=sapphirerapids", "-E", "-x", "c++", "/dev/null"],
+                           capture_output=True)
+    if probe.returncode:
+        pytest.skip("this compiler does not know -march=sapphirerapids")
+    flags = [f for f in kernels.ARCH_FLAGS[0] if f != "-march=native"]
+    source = tmp_path / "headers.cc"
+    source.write_text('#include "tensorflow/core/framework/op_kernel.h"\n'
+                      '#include "unsupported/Eigen/CXX11/Tensor"\nint f() { return 0; }\n')
+    done = subprocess.run(
+        [*compiler, "-fsyntax-only", "-march=sapphirerapids", *flags, *kernels.CXX_FLAGS[2:],
+         str(source), *tf.sysconfig.get_compile_flags()],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, kernels.error_line(done.stderr)
 
 
 def numpy_masked_softmax(scores, mask):

@@ -26,19 +26,24 @@ The kernels compute in float32. Under `mixed_bfloat16` the layers run them
 on float32 casts of their bfloat16 tensors and cast the results back; the
 gathers, which only move rows, also take bfloat16 directly.
 
-On bench-small (`benchmarks/training.py`) they take a float32 training step
-from about 288 to 253 ms on 2 cores (431 to 381 ms on an earlier CPU), and
-a mixed_bfloat16 one from about 195 to 167 ms.
+The library (`fused_ops.cc`) is built by an explicit step, never inside
+a training call: `keras-transformer build-kernels` (or `build()`; `train`
+runs it before training and prints which path it takes). It is compiled with
+the C++ compiler (`$CXX`, else `g++` or `c++`) against the installed
+TensorFlow's headers into `$KERAS_TRANSFORMER_CACHE` (default
+`~/.cache/keras_transformer`), under a name that hashes the source, the
+TensorFlow version, the compiler, the flags and the CPU, and `load()` finds
+it there afterwards. The flags are `-march=native -mno-avx512fp16` (Eigen's
+AVX512-FP16 code, which `-march=native` turns on for CPUs that have it, does
+not compile with g++ 12), then `-march=native` for compilers that do not
+know that option. A failed build is remembered beside the library, with the
+compiler's error, so that it is not retried until something in the hash
+changes or `build(force=True)` (`build-kernels --force`) asks again.
 
-The library (`fused_ops.cc`) is built with the C++ compiler (`$CXX`, else
-`g++` or `c++`) against the installed TensorFlow's headers the first time a
-training step needs it (about 10 s), into `$KERAS_TRANSFORMER_CACHE`
-(default `~/.cache/keras_transformer`), under a name that hashes the
-source, the TensorFlow version, the flags and the CPU, and is loaded from
-there afterwards. Where it cannot be had (not Linux, no compiler, a failed
-build: a warning says which) or is turned off with
+Where the library is not built (not Linux, no compiler, a failed build,
+`build()` never run) or is turned off with
 `KERAS_TRANSFORMER_FUSED_KERNELS=0`, the layers run their TensorFlow-op
-versions, as they do on a machine with a GPU. They are used only in
+versions, as they do on a machine with a GPU. The kernels are used only in
 training (`training=True`) and never under XLA, so SavedModels for serving
 and inference graphs contain only TensorFlow's own ops. They have no
 second-order gradients: set `KERAS_TRANSFORMER_FUSED_KERNELS=0` to
@@ -65,14 +70,18 @@ import warnings
 ENV_SWITCH = "KERAS_TRANSFORMER_FUSED_KERNELS"
 ENV_CACHE = "KERAS_TRANSFORMER_CACHE"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_ops.cc")
-# -march=native: the cache name includes the CPU, so a library is only
-# loaded on the kind of CPU it was built for. The math flags let sums
-# vectorize (reassociation); they keep NaN and infinity semantics.
+# The math flags let sums vectorize (reassociation); they keep NaN and
+# infinity semantics.
 CXX_FLAGS = (
-    "-shared", "-fPIC", "-O3", "-march=native", "-fno-math-errno",
-    "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
-    "-Wno-deprecated-declarations",
+    "-shared", "-fPIC", "-O3", "-fno-math-errno", "-fassociative-math",
+    "-fno-signed-zeros", "-fno-trapping-math", "-Wno-deprecated-declarations",
 )
+# Tried in order. -march=native: the cache name includes the CPU, so a
+# library is only loaded on the kind of CPU it was built for. On CPUs with
+# AVX512-FP16 (Intel Sapphire Rapids and later) it makes Eigen include its
+# float16 packet code, which g++ 12 rejects; -mno-avx512fp16 keeps it out,
+# and compilers older than that option (g++ < 12) have no such code.
+ARCH_FLAGS = (("-march=native", "-mno-avx512fp16"), ("-march=native",))
 LEVELS = 1 << 16
 
 
@@ -97,78 +106,182 @@ def _disabled():
     return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
 
 
-def _build(compiler, flags, target):
-    """Compiles `SOURCE` with the `compiler` command (a list) to `target`,
-    atomically: a temporary file, then a rename, so that concurrent builds
-    cannot load a half-written file."""
+def _compiler():
+    return shlex.split(os.environ.get("CXX", "")) or [
+        c for c in (shutil.which("g++") or shutil.which("c++"),) if c
+    ]
+
+
+def error_line(stderr):
+    """The line of compiler output `stderr` that says what went wrong: the
+    first one with "error" in it, else the last non-empty line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower():
+            return line
+    return lines[-1] if lines else "the compiler exited with an error and printed nothing"
+
+
+def _target():
+    """`(compiler, tf_flags, path)`: the library's cached path for this
+    source, TensorFlow, compiler, flags and CPU."""
+    return _target_for(os.environ.get("CXX", ""), _cache_dir())
+
+
+@functools.lru_cache(maxsize=None)
+def _target_for(cxx, cache_dir):
+    import tensorflow as tf
+
+    compiler = _compiler()
+    flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
+    with open(SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read())
+    arch = [flag for option in ARCH_FLAGS for flag in option]
+    for part in (tf.__version__, *compiler, *CXX_FLAGS, *arch, *flags, _cpu_signature()):
+        digest.update(part.encode() + b"\0")
+    name = f"fused_ops-{digest.hexdigest()[:16]}.so"
+    return compiler, flags, os.path.join(cache_dir, name)
+
+
+def _compile(compiler, flags, target):
+    """Compiles `SOURCE` to `target` with the first of `ARCH_FLAGS` that
+    builds, atomically (a temporary file, then a rename, so that concurrent
+    builds cannot load a half-written file). Raises RuntimeError with the
+    first attempt's compiler output when none builds."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     fd, temporary = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
     os.close(fd)
+    errors = []
     try:
-        done = subprocess.run(
-            [*compiler, *CXX_FLAGS, SOURCE, "-o", temporary, *flags],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            raise RuntimeError(done.stderr.strip()[-2000:])
-        os.replace(temporary, target)
+        for arch in ARCH_FLAGS:
+            done = subprocess.run(
+                [*compiler, *CXX_FLAGS, *arch, SOURCE, "-o", temporary, *flags],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode == 0:
+                os.replace(temporary, target)
+                return
+            errors.append(done.stderr or done.stdout)
+        raise RuntimeError(errors[0])
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
 
 
+class Status:
+    """Where the fused kernels stand in this process.
+
+    Attributes:
+        available: bool, whether training can use them.
+        path: str or None, the built library.
+        reason: str, one line: why they are off, or where they came from.
+    """
+
+    def __init__(self, available, reason, path=None):
+        self.available, self.reason, self.path = available, reason, path
+
+    def __repr__(self):
+        return f"Status(available={self.available}, reason={self.reason!r})"
+
+
 _LOCK = threading.Lock()
+_LOADED = {}
+
+
+def _unavailable_reason():
+    if _disabled():
+        return f"turned off by {ENV_SWITCH}=0"
+    if not sys.platform.startswith("linux"):
+        return f"built on Linux only (this is {sys.platform})"
+    if not _compiler():
+        return "no C++ compiler (install g++ or set $CXX)"
+    return None
+
+
+def build(force=False):
+    """Builds the fused kernels' library once for this machine, or finds it
+    built, and loads it.
+
+    The result is cached (see the module docstring): a built library is
+    reused by every later process, and so is a failed build, whose error is
+    kept beside it and reported again without compiling.
+
+    Args:
+        force: bool, compile again even when a build, or a failed one, is
+            cached.
+
+    Returns:
+        `Status`: `available` True with the library's `path`, or False with
+        the `reason` in one line (for a failed build, the compiler's first
+        error line).
+    """
+    reason = _unavailable_reason()
+    if reason:
+        return Status(False, reason)
+    compiler, flags, target = _target()
+    failed = target + ".failed"
+    with _LOCK:
+        if force:
+            _LOADED.pop(target, None)
+            for path in (target, failed):
+                if os.path.exists(path):
+                    os.remove(path)
+        if not os.path.exists(target) and not os.path.exists(failed):
+            try:
+                _compile(compiler, flags, target)
+            except (RuntimeError, OSError) as error:
+                with open(failed, "w") as f:
+                    f.write(str(error))
+        if os.path.exists(failed):
+            with open(failed) as f:
+                line = error_line(f.read())
+            return Status(False, f"the build failed ({line}); full log: {failed}")
+    if load() is None:
+        return Status(False, f"{target} could not be loaded: {_LOADED.get(target)}")
+    return Status(True, f"built in {target}", target)
+
+
+def status():
+    """`Status` of the fused kernels without building anything: available
+    only when `build()` has built the library for this machine."""
+    reason = _unavailable_reason()
+    if reason:
+        return Status(False, reason)
+    _, _, target = _target()
+    if os.path.exists(target + ".failed"):
+        return build()  # reads the remembered failure, compiles nothing
+    if not os.path.exists(target):
+        return Status(False, "not built (run `keras-transformer build-kernels`)")
+    if load() is None:
+        return Status(False, f"{target} could not be loaded: {_LOADED.get(target)}")
+    return Status(True, f"built in {target}", target)
 
 
 def load():
-    """The compiled op module, or None where the fused kernels are off
-    (see `_load`); one build even when threads ask at once."""
+    """The loaded op module, or None where the fused kernels are turned
+    off or have not been built by `build()`. Never compiles."""
+    if _unavailable_reason():
+        return None
+    _, _, target = _target()
     with _LOCK:
-        return _load()
+        if target not in _LOADED:
+            if not os.path.exists(target):
+                return None
+            import tensorflow as tf
 
-
-@functools.lru_cache(maxsize=None)
-def _load():
-    """The compiled op module, or None where the fused kernels are off.
-
-    Returns None when `KERAS_TRANSFORMER_FUSED_KERNELS=0`, off Linux, and
-    (with a warning) when there is no C++ compiler or the build or the load
-    fails. Builds the library on the first call (see the module docstring).
-    """
-    if _disabled() or not sys.platform.startswith("linux"):
-        return None
-    import tensorflow as tf
-
-    compiler = shlex.split(os.environ.get("CXX", "")) or [
-        c for c in (shutil.which("g++") or shutil.which("c++"),) if c
-    ]
-    if not compiler:
-        warnings.warn(
-            "keras_transformer: no C++ compiler (set $CXX or install g++), so "
-            "training uses TensorFlow ops for dropout and LayerNorm (slower). "
-            f"Set {ENV_SWITCH}=0 to silence this.",
-            stacklevel=2,
-        )
-        return None
-    flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read())
-    for part in (tf.__version__, *compiler, *CXX_FLAGS, *flags, _cpu_signature()):
-        digest.update(part.encode() + b"\0")
-    target = os.path.join(_cache_dir(), f"fused_ops-{digest.hexdigest()[:16]}.so")
-    try:
-        if not os.path.exists(target):
-            _build(compiler, flags, target)
-        return tf.load_op_library(target)
-    except Exception as error:  # a failed build or load: fall back, loudly
-        warnings.warn(
-            f"keras_transformer: the fused training kernels could not be built "
-            f"or loaded ({type(error).__name__}: {error}); training uses "
-            f"TensorFlow ops instead (slower). Set {ENV_SWITCH}=0 to silence this.",
-            stacklevel=2,
-        )
-        return None
+            try:
+                _LOADED[target] = tf.load_op_library(target)
+            except Exception as error:  # a library that cannot load: fall back, once
+                _LOADED[target] = f"{type(error).__name__}: {error}"
+                warnings.warn(
+                    f"keras_transformer: the fused training kernels in {target} could "
+                    f"not be loaded ({type(error).__name__}: {error}); training uses "
+                    f"TensorFlow ops. `keras-transformer build-kernels --force` rebuilds.",
+                    stacklevel=2,
+                )
+        module = _LOADED[target]
+    return None if isinstance(module, str) else module
 
 
 def _in_xla():
