@@ -71,6 +71,28 @@ def _add_training_args(parser):
     for name in ("lr_scale", "label_smoothing"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=f"{helps[name]} (default: %(default)s)")
+    for name, help_text in (
+        ("attention-dropout-rate", "dropout on the attention weights (default: --dropout-rate)"),
+        ("activation-dropout-rate", "dropout on the feed-forward activation (default: 0)"),
+    ):
+        parser.add_argument(f"--{name}", type=float, help=help_text)
+    parser.add_argument("--tie-embeddings", default=defaults.tie_embeddings, choices=["none", "target", "all"],
+                        help="share one matrix between the target embedding and the output projection "
+                             "(target), and the source embedding too (all, needs --shared-vocab); "
+                             "section 3.4 (default: %(default)s)")
+    parser.add_argument("--shared-vocab", action="store_true",
+                        help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
+    parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,
+                        help="epoch checkpoints kept in RUN/epochs, the latest N and the N best "
+                             "(default: %(default)s)")
+    parser.add_argument("--average-last", type=_positive_int,
+                        help="after training, average the last N epoch checkpoints into RUN/averaged.keras")
+    parser.add_argument("--early-stopping-patience", type=_positive_int,
+                        help="stop after N epochs without a lower validation loss")
+    parser.add_argument("--bleu-every", type=int, default=defaults.bleu_every,
+                        help="validation BLEU (greedy) every N epochs, logged as val_bleu (default: 0, off)")
+    parser.add_argument("--checkpoint-metric", default=defaults.checkpoint_metric, choices=["val_loss", "val_bleu"],
+                        help="what chooses RUN/best.keras (default: %(default)s)")
     parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
     parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
@@ -96,7 +118,8 @@ def _decoding_args(parser, batches=True):
         parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
     parser.add_argument("--jit-compile", action="store_true", default=None,
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
-    parser.add_argument("--checkpoint", choices=["best", "last"], help="which weights of the run (default: best)")
+    parser.add_argument("--checkpoint", choices=["best", "last", "averaged"],
+                        help="which weights of the run (default: best)")
 
 
 def _check_saved_model_args(args):
@@ -299,6 +322,20 @@ def cmd_demo(args):
           f"--run {config.output_dir} \"A dog runs.\"  (or --saved-model {path})")
 
 
+def cmd_average(args):
+    from keras_transformer.checkpoints import average_checkpoints
+    from keras_transformer.checkpoints import select_checkpoints
+    from keras_transformer.training import load_run
+
+    paths = select_checkpoints(args.run, last=args.last, best=args.best, monitor=args.monitor)
+    model = load_run(args.run, which="last")[0]
+    average_checkpoints(model, paths)
+    output = args.output or os.path.join(args.run, "averaged.keras")
+    model.save(output)
+    names = ", ".join(os.path.basename(p).split(".")[0] for p in paths)
+    print(f"Averaged {names} into {output}")
+
+
 def cmd_build_kernels(args):
     from keras_transformer import kernels
 
@@ -353,6 +390,17 @@ def main(argv=None):
     p.add_argument("--epochs", type=_positive_int, default=12)
     p.add_argument("--train-pairs", type=int, default=6000)
     p.set_defaults(func=cmd_demo)
+
+    p = commands.add_parser("average", help="average a run's epoch checkpoints into one model")
+    p.add_argument("--run", required=True, help="run folder written by train")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=_positive_int, help="the latest N epoch checkpoints")
+    which.add_argument("--best", type=_positive_int, help="the N best epoch checkpoints by --monitor")
+    p.add_argument("--monitor", default="val_loss", choices=["val_loss", "loss", "val_bleu"],
+                   help="what ranks checkpoints for --best (default: %(default)s)")
+    p.add_argument("--output", help="the .keras file to write (default: RUN/averaged.keras); "
+                                    "--checkpoint averaged then uses it")
+    p.set_defaults(func=cmd_average)
 
     p = commands.add_parser(
         "build-kernels",

@@ -21,6 +21,12 @@ import warnings
 
 import keras
 
+from keras_transformer.callbacks import ResumableEarlyStopping
+from keras_transformer.callbacks import ValidationBLEU
+from keras_transformer.callbacks import history_state
+from keras_transformer.checkpoints import EpochCheckpoint
+from keras_transformer.checkpoints import average_checkpoints
+from keras_transformer.checkpoints import select_checkpoints
 from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
@@ -28,8 +34,10 @@ from keras_transformer.data.text_files import read_lines
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models.presets import get_preset
+from keras_transformer.models.transformer import TIE_EMBEDDINGS
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
+from keras_transformer.models.transformer import embedding_layers
 from keras_transformer.optimizers import Adam
 from keras_transformer import kernels
 from keras_transformer.precision import precision_source
@@ -51,6 +59,16 @@ class TrainingConfig:
         output_dir: run folder (created; reused to resume).
         preset: model size from `keras_transformer.models.PRESETS`.
         num_layers, d_model, num_heads, dff, dropout_rate: preset overrides.
+        attention_dropout_rate: dropout on the attention weights (default
+            `dropout_rate`).
+        activation_dropout_rate: dropout on the feed-forward activation
+            (default 0).
+        tie_embeddings: `"none"`, `"target"` or `"all"`: which embeddings
+            share one matrix with the output projection (section 3.4; see
+            `build_transformer`). `"all"` needs `shared_vocab`.
+        shared_vocab: one SentencePiece model trained on both sides, used as
+            the source and the target tokenizer; its size is
+            `src_vocab_size`, which must then equal `tgt_vocab_size`.
         max_length: longest source / target in subword tokens.
         src_vocab_size, tgt_vocab_size: SentencePiece vocabulary sizes.
         lowercase: lowercase the text before tokenizing.
@@ -73,6 +91,17 @@ class TrainingConfig:
             `"float32"` elsewhere. `config.json` records the policy used
             (`model.dtype`).
         max_train_pairs: use only the first N pairs (smoke runs).
+        keep_checkpoints: epoch checkpoints kept in `epochs/` (the latest N
+            and the N best by `checkpoint_metric`), for averaging.
+        average_last: after training, average the last N epoch checkpoints
+            into `averaged.keras` (None: no averaging); see
+            `keras_transformer.checkpoints`.
+        early_stopping_patience: stop after this many epochs without a
+            lower validation loss (None: run every epoch); resumable.
+        bleu_every: compute the validation BLEU (greedy) every N epochs and
+            log it as `val_bleu` (0: never).
+        checkpoint_metric: `"val_loss"` or `"val_bleu"` (needs `bleu_every`):
+            what chooses `best.keras`.
     """
 
     train_src: str
@@ -101,6 +130,15 @@ class TrainingConfig:
     distribution: str = None
     precision: str = "auto"
     max_train_pairs: int = None
+    attention_dropout_rate: float = None
+    activation_dropout_rate: float = None
+    tie_embeddings: str = "none"
+    shared_vocab: bool = False
+    keep_checkpoints: int = 5
+    average_last: int = None
+    early_stopping_patience: int = None
+    bleu_every: int = 0
+    checkpoint_metric: str = "val_loss"
 
     def model_config(self):
         """The `build_transformer` keyword arguments (without vocab sizes)."""
@@ -111,8 +149,11 @@ class TrainingConfig:
             num_heads=self.num_heads,
             dff=self.dff,
             dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            activation_dropout_rate=self.activation_dropout_rate,
         )
         config["max_length"] = self.max_length
+        config["tie_embeddings"] = self.tie_embeddings
         return config
 
 
@@ -124,12 +165,27 @@ def _tokenizer(path, data, vocab_size, lowercase):
     return tokenizer
 
 
+def _tokenizers(out, config, src_lines, tgt_lines):
+    """The run's source and target tokenizers, trained on first use: two,
+    or with `shared_vocab` one trained on both sides and saved as both."""
+    source, target = os.path.join(out, "source"), os.path.join(out, "target")
+    if not config.shared_vocab:
+        return (_tokenizer(source, src_lines, config.src_vocab_size, config.lowercase),
+                _tokenizer(target, tgt_lines, config.tgt_vocab_size, config.lowercase))
+    if not os.path.exists(target + ".model"):
+        shared = _tokenizer(source, src_lines + tgt_lines, config.src_vocab_size, config.lowercase)
+        shared.save(target)
+    return SubwordTokenizer.load(source), SubwordTokenizer.load(target)
+
+
 def load_run(output_dir, which="best"):
     """Model and tokenizers of a run folder.
 
     Args:
         output_dir: the run folder written by `train`.
-        which: `"best"` (lowest validation loss) or `"last"`.
+        which: `"best"` (lowest validation loss, or highest validation
+            BLEU with `checkpoint_metric="val_bleu"`), `"last"`, or
+            `"averaged"` (`average_last`, or `keras-transformer average`).
 
     Returns:
         `(model, source_tokenizer, target_tokenizer, config_dict)`.
@@ -146,7 +202,10 @@ def load_run(output_dir, which="best"):
         )
     with open(config_path) as f:
         config = json.load(f)
-    names = ["best.keras", "model.keras"] if which == "best" else ["model.keras"]
+    if which not in ("best", "last", "averaged"):
+        raise ValueError(f"`which` must be 'best', 'last' or 'averaged'; got {which!r}.")
+    names = {"best": ["best.keras", "model.keras"], "last": ["model.keras"],
+             "averaged": ["averaged.keras"]}[which]
     for name in names:
         path = os.path.join(output_dir, name)
         if os.path.exists(path):
@@ -184,8 +243,8 @@ class _Timer(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps,
                   # A resumed run may change precision; config.json keeps the latest.
-                  "precision": self.model.get_layer("logits").dtype_policy.name}
-        record.update({k: float(v) for k, v in (logs or {}).items()})
+                  "precision": embedding_layers(self.model)[2].dtype_policy.name}
+        record.update({k: float(v) for k, v in (logs or {}).items() if math.isfinite(float(v))})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -199,10 +258,46 @@ def _check_settings(config, model_config):
     check_batching(config.max_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
+    for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
+        rate = model_config.get(name)
+        if rate is not None and not 0.0 <= rate < 1.0:
+            raise ValueError(f"`{name}` must be in [0, 1); got {rate!r}.")
+    if config.tie_embeddings not in TIE_EMBEDDINGS:
+        raise ValueError(f"`tie_embeddings` must be one of {TIE_EMBEDDINGS}; got {config.tie_embeddings!r}.")
+    if config.tie_embeddings == "all" and not config.shared_vocab:
+        raise ValueError(
+            "tie_embeddings='all' shares the source and target embeddings, which needs one "
+            "vocabulary: add --shared-vocab (or tie only the target side: --tie-embeddings target)."
+        )
+    if config.shared_vocab and config.src_vocab_size != config.tgt_vocab_size:
+        raise ValueError(
+            f"--shared-vocab trains one vocabulary, but src_vocab_size={config.src_vocab_size} and "
+            f"tgt_vocab_size={config.tgt_vocab_size} differ; give them one value."
+        )
+    for name in ("keep_checkpoints", "average_last", "early_stopping_patience"):
+        value = getattr(config, name)
+        if value is not None and (isinstance(value, bool) or int(value) < 1):
+            raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    if config.average_last and config.average_last > config.keep_checkpoints:
+        raise ValueError(
+            f"average_last={config.average_last} needs that many epoch checkpoints, but "
+            f"keep_checkpoints={config.keep_checkpoints} keeps fewer; raise --keep-checkpoints."
+        )
+    if config.bleu_every < 0:
+        raise ValueError(f"`bleu_every` must be 0 (off) or positive; got {config.bleu_every!r}.")
+    if config.checkpoint_metric not in ("val_loss", "val_bleu"):
+        raise ValueError(f"`checkpoint_metric` must be 'val_loss' or 'val_bleu'; got {config.checkpoint_metric!r}.")
+    needs_validation = {"bleu_every": config.bleu_every, "early_stopping_patience": config.early_stopping_patience}
+    for name, value in needs_validation.items():
+        if value and not config.val_src:
+            raise ValueError(f"`{name}` needs validation files (--val-src and --val-tgt).")
+    if config.checkpoint_metric == "val_bleu" and not config.bleu_every:
+        raise ValueError("checkpoint_metric='val_bleu' needs the BLEU computed: set --bleu-every N.")
 
 
 def _best_so_far(out, monitor):
-    """The lowest `monitor` value of the epochs logged in `epochs.jsonl`,
+    """The best (lowest; highest for a BLEU) `monitor` value of the epochs
+    logged in `epochs.jsonl`,
     if `best.keras` exists (`_Timer` logs an epoch after `best.keras` was
     saved for it); None for a new run."""
     path = os.path.join(out, "epochs.jsonl")
@@ -211,14 +306,18 @@ def _best_so_far(out, monitor):
     with open(path) as f:
         values = [json.loads(line).get(monitor) for line in f if line.strip()]
     values = [value for value in values if value is not None and math.isfinite(value)]
-    return min(values) if values else None
+    if not values:
+        return None
+    return max(values) if monitor.endswith("bleu") else min(values)
 
 
 # What a run folder cannot change between runs: the tokenizers and the
 # shapes of the weights. Epochs, learning rate, batching and the rest may.
-_FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase")
+_FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase", "shared_vocab")
 _FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "max_length",
-                "norm_first", "activation")
+                "norm_first", "activation", "tie_embeddings")
+# Values of settings that runs written before they existed had.
+_FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none"}
 
 
 # Files that make a run folder a run to continue: tokenizers and weights.
@@ -238,11 +337,11 @@ def _check_resumable(out, config, model_config):
         saved = json.load(f)
     changes = []
     for key in _FIXED_TRAINING:
-        before, now = saved.get("training", {}).get(key), getattr(config, key)
+        before, now = saved.get("training", {}).get(key, _FIXED_DEFAULTS.get(key)), getattr(config, key)
         if before != now:
             changes.append(f"{key} {before!r} -> {now!r}")
     for key in _FIXED_MODEL:
-        before, now = saved.get("model", {}).get(key), model_config.get(key)
+        before, now = saved.get("model", {}).get(key, _FIXED_DEFAULTS.get(key)), model_config.get(key)
         if before != now:
             changes.append(f"{key} {before!r} -> {now!r}")
     if changes:
@@ -329,8 +428,7 @@ def train(config, verbose=1):
             f"No sentence pairs in {config.train_src} / {config.train_tgt}: the "
             "files are empty or every pair has a blank side."
         )
-    src_tok = _tokenizer(os.path.join(out, "source"), src_lines, config.src_vocab_size, config.lowercase)
-    tgt_tok = _tokenizer(os.path.join(out, "target"), tgt_lines, config.tgt_vocab_size, config.lowercase)
+    src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
 
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
@@ -383,7 +481,14 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         jit_compile=config.jit_compile,
     )
     monitor = "val_loss" if val_ds is not None else "loss"
-    callbacks = [
+    best_metric = config.checkpoint_metric if val_ds is not None else "loss"
+    callbacks = []
+    if config.bleu_every:  # first: the callbacks after it log and save by val_bleu
+        callbacks.append(ValidationBLEU(
+            read_lines(config.val_src), read_lines(config.val_tgt), src_tok, tgt_tok,
+            every=config.bleu_every,
+        ))
+    callbacks += [
         # Kept after the run ends, so `train` with more epochs continues too;
         # double_checkpoint keeps the previous backup if a save is cut off.
         keras.callbacks.BackupAndRestore(
@@ -394,15 +499,25 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         ),
         keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
         keras.callbacks.ModelCheckpoint(
-            os.path.join(out, "best.keras"), monitor=monitor, save_best_only=True,
+            os.path.join(out, "best.keras"), monitor=best_metric, save_best_only=True,
+            mode="max" if best_metric == "val_bleu" else "min",
             # A resumed run must beat the best it already saved; Keras would
             # otherwise let the first epoch after a restart replace it.
-            initial_value_threshold=_best_so_far(out, monitor),
+            initial_value_threshold=_best_so_far(out, best_metric),
         ),
+        EpochCheckpoint(out, keep=config.keep_checkpoints, monitor=best_metric),
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
         keras.callbacks.TerminateOnNaN(),
         _Timer(os.path.join(out, "epochs.jsonl")),
     ]
+    if config.early_stopping_patience:
+        _, best, stop = history_state(out, monitor, config.early_stopping_patience)
+        if stop:
+            if verbose:
+                print(f"Early stopping: {monitor} has not improved on {best:.4f} for "
+                      f"{config.early_stopping_patience} epochs; nothing more to train.")
+            return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
+        callbacks.append(ResumableEarlyStopping(out, monitor, config.early_stopping_patience))
     with warnings.catch_warnings():
         # The dataset is shuffled and its length unknown until the first
         # pass; Keras warns about both on every epoch.
@@ -412,4 +527,21 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
             train_ds, validation_data=val_ds, epochs=config.epochs,
             callbacks=callbacks, verbose=verbose, shuffle=False,
         )
+    return _finish(config, model, out, src_tok, tgt_tok, verbose)
+
+
+def _finish(config, model, out, src_tok, tgt_tok, verbose, fit=True):
+    """After training: `averaged.keras` from the last `average_last` epoch
+    checkpoints, where asked for. Returns `(model, src_tok, tgt_tok)`."""
+    if not fit:
+        model.load_weights(os.path.join(out, "model.keras"))
+    if config.average_last:
+        paths = select_checkpoints(out, last=config.average_last)
+        trained = model.get_weights()
+        average_checkpoints(model, paths)
+        model.save(os.path.join(out, "averaged.keras"))
+        model.set_weights(trained)
+        if verbose:
+            names = ", ".join(os.path.basename(p).split(".")[0] for p in paths)
+            print(f"Averaged {names} into {os.path.join(out, 'averaged.keras')}")
     return model, src_tok, tgt_tok

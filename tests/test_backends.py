@@ -20,6 +20,7 @@ NEUTRAL_FILES = [
     "tests/test_losses.py",
     "tests/test_metrics.py",
     "tests/test_schedules.py",
+    "tests/test_tying_and_averaging.py",
 ]
 
 

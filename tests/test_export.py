@@ -55,10 +55,16 @@ def exported(tmp_path_factory):
         src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4, dff=64,
         dropout_rate=0.0, max_length=12,
     )
+    tied = build_transformer(
+        src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4, dff=64,
+        dropout_rate=0.0, max_length=12, tie_embeddings="target",
+    )
     root = tmp_path_factory.mktemp("export")
     translators = {
         "greedy": Translator(model, src, tgt, beam_size=1),
         "beam": Translator(model, src, tgt, beam_size=3),
+        # The output projection is the decoder embedding (section 3.4).
+        "tied": Translator(tied, src, tgt, beam_size=3),
     }
     paths = {name: export_translator(t, str(root / name)) for name, t in translators.items()}
     return translators, paths
@@ -112,7 +118,7 @@ def test_c15_c16_fresh_process_with_only_tensorflow_and_text(exported):
     that imports only tensorflow and tensorflow_text, equal to the eager run."""
     translators, paths = exported
     result = subprocess.run(
-        [sys.executable, "-c", LOADER, paths["greedy"], paths["beam"]],
+        [sys.executable, "-c", LOADER, *paths.values()],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -4,6 +4,7 @@ from keras import ops
 
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.layers.transformer_decoder import cached_step_masks
+from keras_transformer.models.transformer import embedding_layers
 
 
 class TransformerParts:
@@ -24,16 +25,9 @@ class TransformerParts:
     """
 
     def __init__(self, model, pad_id=0):
-        try:
-            self.encoder_embedding = model.get_layer("encoder_embedding")
-            self.decoder_embedding = model.get_layer("decoder_embedding")
-            self.logits_layer = model.get_layer("logits")
-        except ValueError as error:
-            raise ValueError(
-                "Decoding needs a model made by keras_transformer."
-                f"build_transformer (layer names encoder_embedding, "
-                f"decoder_embedding, logits): {error}"
-            ) from None
+        self.encoder_embedding, self.decoder_embedding, self.logits_layer = (
+            embedding_layers(model)
+        )
         names = [layer.name for layer in model.layers]
         self.encoder_layers = [
             model.get_layer(n) for n in names if n.startswith("encoder_layer_")
@@ -82,13 +76,9 @@ class TransformerParts:
         Build them once, before the decoding loop, and pass them to every
         `decode_step`.
         """
-        dtype = self.logits_layer.compute_dtype
         return {
             "layers": [layer.decoding_weights() for layer in self.decoder_layers],
-            "logits": (
-                ops.cast(self.logits_layer.kernel, dtype),
-                ops.cast(self.logits_layer.bias, dtype) if self.logits_layer.use_bias else None,
-            ),
+            "logits": self.logits_layer.output_weights(),
         }
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_mask,

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForward(keras.layers.Layer):
@@ -10,26 +12,49 @@ class FeedForward(keras.layers.Layer):
     Args:
         dff: int, inner width (2048 in the paper's base model).
         activation: activation of the inner layer, default `"relu"`.
+        activation_dropout_rate: float in [0, 1), dropout on the inner
+            activation `max(0, x W1 + b1)` in training (fairseq's
+            `activation_dropout`; the paper has none: 0).
         kernel_initializer: initializer of both kernels.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
         inputs: float tensor `(batch, length, d_model)`.
+        training: bool, whether the activation dropout is applied.
 
     Returns:
         float tensor `(batch, length, d_model)`.
+
+    Raises:
+        ValueError: for a `dff` below 1 or a rate outside [0, 1).
+
+    Example:
+    >>> layer = FeedForward(dff=32, activation_dropout_rate=0.1)
+    >>> tuple(layer(np.zeros((2, 3, 8), "float32")).shape)
+    (2, 3, 8)
 
     References:
         Vaswani et al. (2017), section 3.3, equation (2).
     """
 
     def __init__(
-        self, dff, activation="relu", kernel_initializer="glorot_uniform", **kwargs
+        self,
+        dff,
+        activation="relu",
+        kernel_initializer="glorot_uniform",
+        activation_dropout_rate=0.0,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         if int(dff) <= 0:
             raise ValueError(f"FeedForward needs a positive `dff`; got {dff}.")
+        if not 0.0 <= float(activation_dropout_rate) < 1.0:
+            raise ValueError(
+                "FeedForward needs an `activation_dropout_rate` in [0, 1); "
+                f"got {activation_dropout_rate!r}."
+            )
         self.dff = int(dff)
+        self.activation_dropout_rate = float(activation_dropout_rate)
         self.activation = keras.activations.get(activation)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
@@ -51,10 +76,19 @@ class FeedForward(keras.layers.Layer):
             name="feedforward_output_dense",
         )
         self.output_dense.build(tuple(input_shape[:-1]) + (self.dff,))
+        self.activation_dropout = None
+        if self.activation_dropout_rate > 0:
+            self.activation_dropout = Dropout(
+                self.activation_dropout_rate, dtype=self.dtype_policy,
+                name="feedforward_activation_dropout",
+            )
         self.built = True
 
-    def call(self, inputs):
-        return self.output_dense(self.intermediate_dense(inputs))
+    def call(self, inputs, training=None):
+        hidden = self.intermediate_dense(inputs)
+        if self.activation_dropout is not None:
+            hidden = self.activation_dropout(hidden, training=training)
+        return self.output_dense(hidden)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -65,6 +99,7 @@ class FeedForward(keras.layers.Layer):
             {
                 "dff": self.dff,
                 "activation": keras.activations.serialize(self.activation),
+                "activation_dropout_rate": self.activation_dropout_rate,
                 "kernel_initializer": keras.initializers.serialize(
                     self.kernel_initializer
                 ),

@@ -6,6 +6,32 @@ from keras_transformer.layers.unpadding import Unpadding
 from keras_transformer.layers.unpadding import attach_unpadded
 
 
+def vocabulary_logits(project, inputs, mask=None, training=None):
+    """float32 logits `project(inputs)`, on the real rows only in training.
+
+    The one implementation of the pre-softmax linear transformation's
+    output, shared by `OutputProjection` and by a tied embedding
+    (`PositionalEmbedding(..., reverse=True)`, section 3.4).
+
+    Args:
+        project: callable mapping `(..., d_model)` to `(..., vocab_size)`.
+        inputs: float tensor `(batch, length, d_model)`.
+        mask: optional bool `(batch, length)`, the Keras mask of `inputs`.
+        training: bool. In training with a mask, the logits of padded
+            positions are not computed (they are 0), where the backend allows
+            data-dependent shapes (`Unpadding`); the logits then carry the
+            real rows along (`unpadding.attach_unpadded`).
+
+    Returns:
+        float32 tensor `(batch, length, vocab_size)`.
+    """
+    unpadding = Unpadding.create(mask, training)
+    if unpadding is None:
+        return keras.ops.cast(project(inputs), "float32")
+    logits = keras.ops.cast(project(unpadding.unpad(inputs)), "float32")
+    return attach_unpadded(unpadding.pad(logits), logits, unpadding)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class OutputProjection(keras.layers.Dense):
     """Linear map from `d_model` to vocabulary logits, ending the Keras mask.
@@ -39,11 +65,14 @@ class OutputProjection(keras.layers.Dense):
         self.vocab_size = int(vocab_size)
 
     def call(self, inputs, mask=None, training=None):
-        unpadding = Unpadding.create(mask, training)
-        if unpadding is None:
-            return keras.ops.cast(super().call(inputs), "float32")
-        logits = keras.ops.cast(super().call(unpadding.unpad(inputs)), "float32")
-        return attach_unpadded(unpadding.pad(logits), logits, unpadding)
+        return vocabulary_logits(super().call, inputs, mask, training)
+
+    def output_weights(self):
+        """`(kernel (d_model, vocab_size), bias (vocab_size,) or None)` in
+        the compute dtype, for step-by-step decoding."""
+        dtype = self.compute_dtype
+        bias = keras.ops.cast(self.bias, dtype) if self.use_bias else None
+        return keras.ops.cast(self.kernel, dtype), bias
 
     def compute_mask(self, inputs, mask=None):
         return None

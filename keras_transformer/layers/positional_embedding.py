@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.output_projection import vocabulary_logits
 
 
 def sinusoidal_encoding(max_length, d_model):
@@ -87,7 +88,15 @@ class PositionalEmbedding(keras.layers.Layer):
     weight and costs nothing in a checkpoint.
 
     The layer emits a Keras padding mask (`inputs != pad_id`) that the
-    encoder and decoder blocks pick up and carry on (C05).
+    encoder and decoder blocks pick up and carry on.
+
+    Called with `reverse=True` on decoder outputs, the layer is the
+    pre-softmax linear transformation with the embedding's own weights
+    (section 3.4, "we share the same weight matrix between the two
+    embedding layers and the pre-softmax linear transformation"; Press and
+    Wolf, 2017): logits `x @ E^T`, without the sqrt(d_model) factor, in
+    float32, as `OutputProjection` returns them. KerasHub's
+    `ReversibleEmbedding` works the same way.
 
     Args:
         vocab_size: int, number of token ids.
@@ -108,9 +117,15 @@ class PositionalEmbedding(keras.layers.Layer):
         check_ids: bool, check that the ids lie in `[0, vocab_size)`
             (`check_id_range`). Cached decoding passes False: it embeds the
             search's own outputs, one step at a time.
+        reverse: bool, project float `inputs` `(batch, length, d_model)`
+            onto the vocabulary instead (tied output projection).
+        mask, training: with `reverse=True`, as `OutputProjection` takes
+            them (logits of padded rows are skipped in training).
 
     Returns:
-        float tensor `(batch, length, d_model)` in the layer's compute dtype.
+        float tensor `(batch, length, d_model)` in the layer's compute dtype;
+        with `reverse=True`, float32 logits `(batch, length, vocab_size)`
+        that carry no Keras mask.
 
     Raises:
         ValueError: when `length + start_index` exceeds `max_length` (for a
@@ -183,7 +198,10 @@ class PositionalEmbedding(keras.layers.Layer):
         """The token table, `(vocab_size, d_model)`."""
         return self.token_embedding.embeddings
 
-    def call(self, inputs, start_index=0, check_ids=True):
+    def call(self, inputs, start_index=0, check_ids=True, reverse=False, mask=None,
+             training=None):
+        if reverse:
+            return vocabulary_logits(self._reverse, inputs, mask, training)
         length = inputs.shape[1]
         if (
             length is not None
@@ -238,13 +256,39 @@ class PositionalEmbedding(keras.layers.Layer):
         # `keras.layers.Embedding.call`, with a dense gradient on TensorFlow.
         return ops.cast(embedding_lookup(layer.embeddings, inputs), layer.compute_dtype)
 
+    def _reverse(self, inputs):
+        table = self.token_embedding
+        if table.quantization_mode is not None:
+            raise ValueError(
+                f"{self.name} is quantized ({table.quantization_mode}) and also the "
+                "tied output projection, which needs its float table; quantize "
+                "an untied model, or keep this embedding in float."
+            )
+        return ops.matmul(inputs, ops.transpose(ops.cast(table.embeddings, inputs.dtype)))
+
+    def output_weights(self):
+        """`(kernel (d_model, vocab_size), None)`: the transposed token table
+        in the compute dtype, the tied output projection's weights for
+        step-by-step decoding."""
+        return ops.transpose(ops.cast(self.embeddings, self.compute_dtype)), None
+
     def compute_mask(self, inputs, mask=None):
-        if self.pad_id is None:
+        # Token ids get the padding mask; decoder outputs (reverse=True,
+        # floats) get logits, which carry none (see `OutputProjection`).
+        if self.pad_id is None or "float" in keras.backend.standardize_dtype(inputs.dtype):
             return None
         return ops.not_equal(inputs, self.pad_id)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)
+
+    def compute_output_spec(self, inputs, start_index=0, check_ids=True, reverse=False,
+                            mask=None, training=None):
+        if reverse:
+            shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
+            return keras.KerasTensor(shape, dtype="float32")
+        shape = self.compute_output_shape(inputs.shape)
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -18,6 +18,7 @@ class TransformerBlock(keras.layers.Layer):
         dff,
         dropout_rate=0.1,
         attention_dropout_rate=None,
+        activation_dropout_rate=0.0,
         activation="relu",
         layer_norm_epsilon=1e-6,
         norm_first=False,
@@ -33,6 +34,7 @@ class TransformerBlock(keras.layers.Layer):
             if attention_dropout_rate is None
             else float(attention_dropout_rate)
         )
+        self.activation_dropout_rate = float(activation_dropout_rate)
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.norm_first = bool(norm_first)
@@ -62,6 +64,7 @@ class TransformerBlock(keras.layers.Layer):
                 "dff": self.dff,
                 "dropout_rate": self.dropout_rate,
                 "attention_dropout_rate": self.attention_dropout_rate,
+                "activation_dropout_rate": self.activation_dropout_rate,
                 "activation": keras.activations.serialize(self.activation),
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "norm_first": self.norm_first,

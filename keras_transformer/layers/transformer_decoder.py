@@ -110,6 +110,8 @@ class TransformerDecoder(TransformerBlock):
         dropout_rate: float, dropout on every sub-layer output.
         attention_dropout_rate: float, dropout on attention weights;
             defaults to `dropout_rate`.
+        activation_dropout_rate: float, dropout on the feed-forward inner
+            activation (`FeedForward`); default 0.
         activation: feed-forward activation, default `"relu"`.
         layer_norm_epsilon: float, LayerNormalization epsilon.
         norm_first: bool, pre-LN instead of the paper's post-LN.
@@ -187,6 +189,7 @@ class TransformerDecoder(TransformerBlock):
         self.feedforward = FeedForward(
             self.dff,
             activation=self.activation,
+            activation_dropout_rate=self.activation_dropout_rate,
             kernel_initializer=self.kernel_initializer,
             dtype=dtype,
             name="feedforward",

@@ -4,3 +4,4 @@ from keras_transformer.models.presets import PRESETS
 from keras_transformer.models.presets import get_preset
 from keras_transformer.models.transformer import build_from_preset
 from keras_transformer.models.transformer import build_transformer
+from keras_transformer.models.transformer import embedding_layers

@@ -12,6 +12,30 @@ from keras_transformer.models.presets import get_preset
 
 ENCODER_INPUTS = "encoder_inputs"
 DECODER_INPUTS = "decoder_inputs"
+# What `tie_embeddings` shares (OpenNMT-tf's EmbeddingsSharingLevel).
+TIE_EMBEDDINGS = ("none", "target", "all")
+
+
+def embedding_layers(model):
+    """`(encoder_embedding, decoder_embedding, output_layer)` of a
+    `build_transformer` model; tied weights make two or three of them one
+    `PositionalEmbedding` (see `tie_embeddings`).
+
+    Raises:
+        ValueError: if `model` lacks the layers `build_transformer` names.
+    """
+    layers = {layer.name: layer for layer in model.layers}
+    shared = layers.get("shared_embedding")
+    encoder = layers.get("encoder_embedding", shared)
+    decoder = layers.get("decoder_embedding", shared)
+    output = layers.get("logits", decoder)
+    if encoder is None or decoder is None:
+        raise ValueError(
+            "Decoding needs a model made by keras_transformer.build_transformer "
+            "(layers encoder_embedding, decoder_embedding and logits, or "
+            f"shared_embedding); {model.name!r} has {sorted(layers)}."
+        )
+    return encoder, decoder, output
 
 
 def check_sizes(**sizes):
@@ -49,6 +73,9 @@ def build_transformer(
     dropout_rate=0.1,
     max_length=256,
     *,
+    attention_dropout_rate=None,
+    activation_dropout_rate=0.0,
+    tie_embeddings="none",
     num_decoder_layers=None,
     pad_id=0,
     norm_first=False,
@@ -68,8 +95,11 @@ def build_transformer(
 
     Layer names are stable (`encoder_embedding`, `encoder_layer_{i}`,
     `decoder_embedding`, `decoder_layer_{i}`, `logits`, and
-    `encoder_final_norm` / `decoder_final_norm` with `norm_first`):
-    the `Translator` finds the parts by these names.
+    `encoder_final_norm` / `decoder_final_norm` with `norm_first`);
+    with tied embeddings the decoder embedding is also the output
+    projection (no `logits` layer), and with `tie_embeddings="all"` one
+    `shared_embedding` layer replaces both embeddings (`embedding_layers`
+    finds them).
 
     Args:
         src_vocab_size: int, source vocabulary size.
@@ -79,9 +109,19 @@ def build_transformer(
         d_model: int, model width; paper: 512.
         num_heads: int, attention heads, must divide `d_model`; paper: 8.
         dff: int, feed-forward inner width; paper: 2048.
-        dropout_rate: float, residual, embedding and attention dropout;
-            paper: 0.1.
+        dropout_rate: float, dropout on the embeddings and on every
+            sub-layer output before the residual add (section 5.4); paper:
+            0.1.
         max_length: int, longest source or target sequence (positions).
+        attention_dropout_rate: float, dropout on the attention weights;
+            default `dropout_rate`.
+        activation_dropout_rate: float, dropout on the feed-forward inner
+            activation; default 0 (the paper has none).
+        tie_embeddings: what shares one weight matrix (section 3.4; Press
+            and Wolf, 2017): `"none"` (default), `"target"` (the decoder
+            embedding and the pre-softmax projection) or `"all"` (the
+            source embedding too, which needs one vocabulary for both
+            sides: `src_vocab_size == tgt_vocab_size`).
         num_decoder_layers: int, decoder blocks; default `num_layers`.
         pad_id: int, padding id of both vocabularies.
         norm_first: bool, pre-LN blocks plus a final LayerNorm per stack.
@@ -97,8 +137,9 @@ def build_transformer(
         float32 logits `(batch, tgt_len, tgt_vocab_size)`.
 
     Raises:
-        ValueError: for non-positive sizes or `num_heads` not dividing
-            `d_model`.
+        ValueError: for non-positive sizes, `num_heads` not dividing
+            `d_model`, an unknown `tie_embeddings`, or `"all"` with two
+            vocabulary sizes.
 
     Example:
     >>> model = build_transformer(100, 120, num_layers=1, d_model=16,
@@ -106,6 +147,11 @@ def build_transformer(
     >>> tuple(model({"encoder_inputs": np.array([[5, 6, 0]]),
     ...              "decoder_inputs": np.array([[2, 7]])}).shape)
     (1, 2, 120)
+    >>> sizes = dict(num_layers=1, d_model=16, num_heads=2, dff=32, max_length=10)
+    >>> untied = build_transformer(100, 100, **sizes)
+    >>> tied = build_transformer(100, 100, tie_embeddings="all", **sizes)
+    >>> untied.count_params() - tied.count_params()  # a table, a kernel, a bias
+    3300
 
     References:
         Vaswani et al. (2017), section 3 and figure 1.
@@ -121,10 +167,23 @@ def build_transformer(
         dff=dff,
         max_length=max_length,
     )
+    if tie_embeddings not in TIE_EMBEDDINGS:
+        raise ValueError(
+            f"tie_embeddings must be one of {TIE_EMBEDDINGS}; got {tie_embeddings!r}."
+        )
+    if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+        raise ValueError(
+            "tie_embeddings='all' shares one table between source and target, so "
+            f"the vocabularies must be one: got src_vocab_size={src_vocab_size} and "
+            f"tgt_vocab_size={tgt_vocab_size}. Train one shared tokenizer "
+            "(train --shared-vocab), or tie only the target side ('target')."
+        )
     block_args = dict(
         num_heads=num_heads,
         dff=dff,
         dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate,
+        activation_dropout_rate=activation_dropout_rate,
         activation=activation,
         layer_norm_epsilon=layer_norm_epsilon,
         norm_first=norm_first,
@@ -133,10 +192,17 @@ def build_transformer(
     encoder_inputs = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS)
     decoder_inputs = keras.Input((None,), dtype="int32", name=DECODER_INPUTS)
 
-    x = PositionalEmbedding(
-        src_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
-        name="encoder_embedding",
-    )(encoder_inputs)
+    def embedding(vocab_size, name):
+        return PositionalEmbedding(
+            vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype, name=name
+        )
+
+    if tie_embeddings == "all":
+        encoder_embedding = decoder_embedding = embedding(src_vocab_size, "shared_embedding")
+    else:
+        encoder_embedding = embedding(src_vocab_size, "encoder_embedding")
+        decoder_embedding = embedding(tgt_vocab_size, "decoder_embedding")
+    x = encoder_embedding(encoder_inputs)
     x = Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
     for i in range(num_layers):
         x = TransformerEncoder(name=f"encoder_layer_{i}", **block_args)(x)
@@ -145,10 +211,7 @@ def build_transformer(
             epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
         )(x)
 
-    y = PositionalEmbedding(
-        tgt_vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype,
-        name="decoder_embedding",
-    )(decoder_inputs)
+    y = decoder_embedding(decoder_inputs)
     y = Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
     for i in range(num_decoder_layers):
         y = TransformerDecoder(name=f"decoder_layer_{i}", **block_args)(y, x)
@@ -156,7 +219,10 @@ def build_transformer(
         y = LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_final_norm"
         )(y)
-    logits = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")(y)
+    if tie_embeddings == "none":
+        logits = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")(y)
+    else:
+        logits = decoder_embedding(y, reverse=True)
     return keras.Model(
         inputs={ENCODER_INPUTS: encoder_inputs, DECODER_INPUTS: decoder_inputs},
         outputs=logits,
