@@ -197,11 +197,12 @@ def build_transformer(
             vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype, name=name
         )
 
+    # Layers are made in the order of the paper's figure 1 (the decoder
+    # embedding after the encoder): the order fixes the initial weights.
     if tie_embeddings == "all":
-        encoder_embedding = decoder_embedding = embedding(src_vocab_size, "shared_embedding")
+        encoder_embedding = embedding(src_vocab_size, "shared_embedding")
     else:
         encoder_embedding = embedding(src_vocab_size, "encoder_embedding")
-        decoder_embedding = embedding(tgt_vocab_size, "decoder_embedding")
     x = encoder_embedding(encoder_inputs)
     x = Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
     for i in range(num_layers):
@@ -211,6 +212,10 @@ def build_transformer(
             epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
         )(x)
 
+    if tie_embeddings == "all":
+        decoder_embedding = encoder_embedding
+    else:
+        decoder_embedding = embedding(tgt_vocab_size, "decoder_embedding")
     y = decoder_embedding(decoder_inputs)
     y = Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
     for i in range(num_decoder_layers):
