@@ -44,6 +44,14 @@ def __getattr__(name):
         from keras_transformer import tokenizers
 
         return getattr(tokenizers, name)
+    if name in ("load_translator", "SavedModelTranslator"):
+        from keras_transformer import loading
+
+        return getattr(loading, name)
+    if name == "load_run":
+        from keras_transformer.training import load_run
+
+        return load_run
     if name == "make_dataset":
         from keras_transformer.data import make_dataset
 

@@ -1,4 +1,5 @@
-"""Training callbacks: validation BLEU, and early stopping that resumes."""
+"""Training callbacks: validation BLEU, early stopping that resumes, and
+TensorBoard logs without the values an epoch did not compute."""
 
 import math
 
@@ -91,3 +92,18 @@ def history_state(run_dir, monitor, patience):
         else:
             wait += 1
     return wait, best, best is not None and wait >= patience
+
+
+class TensorBoard(keras.callbacks.TensorBoard):
+    """`keras.callbacks.TensorBoard` (loss, accuracy, learning rate and the
+    validation metrics, per epoch) that leaves out the values an epoch did
+    not compute (`val_bleu` is NaN between `ValidationBLEU` epochs), so the
+    curves have no gaps filled with NaN.
+
+    Args:
+        log_dir: str, the folder `tensorboard --logdir` reads.
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = {k: v for k, v in (logs or {}).items() if math.isfinite(float(v))}
+        super().on_epoch_end(epoch, logs)

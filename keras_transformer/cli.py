@@ -40,8 +40,11 @@ def _add_training_args(parser):
     from keras_transformer.training import TrainingConfig
 
     defaults = TrainingConfig(train_src="", train_tgt="")
-    parser.add_argument("--train-src", required=True, help="training source file (plain or .gz)")
-    parser.add_argument("--train-tgt", required=True, help="aligned training target file")
+    parser.add_argument("--config", metavar="FILE",
+                        help="read the settings from a JSON or YAML file (the keys a run's config.json "
+                             "records, e.g. that file itself); flags given here override it")
+    parser.add_argument("--train-src", help="training source file (plain or .gz); required, here or in --config")
+    parser.add_argument("--train-tgt", help="aligned training target file; required, here or in --config")
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
     parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")
@@ -93,6 +96,8 @@ def _add_training_args(parser):
                         help="validation BLEU (greedy) every N epochs, logged as val_bleu (default: 0, off)")
     parser.add_argument("--checkpoint-metric", default=defaults.checkpoint_metric, choices=["val_loss", "val_bleu"],
                         help="what chooses RUN/best.keras (default: %(default)s)")
+    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                        help="do not write TensorBoard logs to RUN/tensorboard")
     parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
     parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
@@ -137,16 +142,21 @@ def _check_saved_model_args(args):
 
 
 def _load_saved_model(path):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+    """`(batch,) tf.string -> (batch,) tf.string` translations by the SavedModel at `path`."""
+    from keras_transformer.loading import SavedModelTranslator
 
-    if not os.path.exists(os.path.join(path, "saved_model.pb")):
-        raise FileNotFoundError(
-            f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
-            "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
-        )
-    signature = tf.saved_model.load(path).signatures["serving_default"]
-    return lambda batch: signature(text=batch)["translation"]
+    translator = SavedModelTranslator(path)
+    return lambda batch: translator.serve(batch)["translation"]
+
+
+def _translator_object(args):
+    """The SavedModel or run translator the args name."""
+    if getattr(args, "saved_model", None):
+        from keras_transformer.loading import SavedModelTranslator
+
+        _check_saved_model_args(args)
+        return SavedModelTranslator(args.saved_model)
+    return _translator(args)
 
 
 def _translate_fn(args):
@@ -173,9 +183,26 @@ def _translator(args):
     return Translator(model, src, tgt, **settings)
 
 
+def _apply_config_file(parser, argv):
+    """Make the values of `train --config FILE` the train parser's
+    defaults, so that flags on the command line override them."""
+    from keras_transformer.training import read_config_file
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    if known.config:
+        try:
+            parser.set_defaults(**read_config_file(known.config))
+        except (OSError, ValueError) as error:
+            parser.exit(1, f"keras-transformer train: error: --config: {error}\n")
+
+
 def cmd_train(args):
     from keras_transformer.training import TrainingConfig, train
 
+    if not (args.train_src and args.train_tgt):
+        raise ValueError("--train-src and --train-tgt are required (on the command line or in --config FILE).")
     fields = {k.replace("-", "_"): v for k, v in vars(args).items()}
     config = TrainingConfig(**{k: v for k, v in fields.items() if k in TrainingConfig.__dataclass_fields__})
     start = time.time()
@@ -247,8 +274,19 @@ def cmd_translate(args):
                        args.plot_attention, title=f"{lines[0]} -> {found['translation']}")
         print(f"Cross-attention of the last decoder layer written to {args.plot_attention}",
               file=sys.stderr)
-    for line in translate_lines(_translate_fn(args), lines, batch_size=args.batch_size):
-        print(line)
+    if args.n_best == 1 and not args.scores and args.format == "text":
+        for line in translate_lines(_translate_fn(args), lines, batch_size=args.batch_size):
+            print(line)
+        return
+    found = _translator_object(args).translate_n_best(lines, args.n_best, batch_size=args.batch_size)
+    for source, hypotheses in zip(lines, found):
+        if args.format == "jsonl":
+            print(json.dumps({"source": source, "translations": [t for t, _ in hypotheses],
+                              "scores": [round(score, 6) for _, score in hypotheses]},
+                             ensure_ascii=False))
+            continue
+        for translation, score in hypotheses:
+            print(f"{score:.4f}\t{translation}" if args.scores else translation)
 
 
 def cmd_export(args):
@@ -350,7 +388,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("train", help="train (or resume) a model on aligned text files")
+    p = train_parser = commands.add_parser("train", help="train (or resume) a model on aligned text files")
     _add_training_args(p)
     p.set_defaults(func=cmd_train)
 
@@ -372,6 +410,15 @@ def main(argv=None):
     source.add_argument("--saved-model", help="exported SavedModel folder")
     p.add_argument("--plot-attention", metavar="FILE.png",
                    help="draw the cross-attention of the first sentence, one panel per head")
+    p.add_argument("--n-best", type=_positive_int, default=1,
+                   help="print the N best translations of each sentence, best first (N lines each; "
+                        "at most the beam size) (default: %(default)s)")
+    p.add_argument("--scores", action="store_true",
+                   help="print each translation's score (log probability over the length "
+                        "penalty) before it, tab-separated")
+    p.add_argument("--format", choices=["text", "jsonl"], default="text",
+                   help="text lines, or one JSON object per sentence with its translations and "
+                        "scores (default: %(default)s)")
     _decoding_args(p)
     p.set_defaults(func=cmd_translate)
 
@@ -410,6 +457,9 @@ def main(argv=None):
                    help="compile again, also after a build that failed")
     p.set_defaults(func=cmd_build_kernels)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:
+        _apply_config_file(train_parser, argv[1:])
     args = parser.parse_args(argv)
     try:
         args.func(args)

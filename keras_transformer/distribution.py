@@ -92,10 +92,11 @@ def data_parallel_scope(strategy):
         ValueError: for an unknown strategy or the torch backend.
 
     Example:
-    >>> with data_parallel_scope("data_parallel"):
-    ...     model = build_transformer(...)
-    ...     model.compile(...)
-    ...     model.fit(dataset)
+    >>> from keras_transformer import build_from_preset
+    >>> with data_parallel_scope(None):  # "data_parallel" on a machine with devices
+    ...     model = build_from_preset("tiny", 50, 50, max_length=8)
+    >>> model.name
+    'transformer'
     """
     if strategy is None:
         return contextlib.nullcontext()

@@ -19,9 +19,7 @@ class Adam(keras.optimizers.Adam):
     Keras runs this as about twelve elementwise operations per variable,
     each a pass over memory; on the tensorflow backend this class runs it
     as TensorFlow's fused `ResourceApplyAdam` kernel, one pass (XLA compiles
-    the same kernel under `jit_compile`). On bench-small (11.7M parameters,
-    `benchmarks/training.py`) a training step on 2 CPU cores takes about
-    16 ms less (444 against 460 ms). Other backends, `amsgrad=True`, and
+    the same kernel under `jit_compile`). Other backends, `amsgrad=True`, and
     variables of other dtypes use Keras's own update: on jax the same
     values; on torch Keras's generic update, because Keras swaps in its
     torch-native Adam for `keras.optimizers.Adam` itself only (the same

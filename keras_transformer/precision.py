@@ -18,11 +18,10 @@ one of `PRECISIONS`:
 - `"auto"` (the default): `"mixed_bfloat16"` on the tensorflow backend when
   no GPU is visible, the CPU has bfloat16 instructions and `d_model` is at
   least `BFLOAT16_MIN_D_MODEL` (256); `"float32"` otherwise. That is the
-  faster of the two where both were measured on that CPU: the `small`
-  preset (d_model 256) trained a Multi30k epoch in 46 s against 65 s with
-  the same validation loss curve (3.52 against 3.53 after 6 epochs); the
-  demo's `tiny` model (d_model 128, 2,048-token batches) stepped in 53 to
-  56 ms against 53 ms, its matmuls too small to gain what the casts cost.
+  faster of the two on such a CPU: bfloat16 matmuls pay for their casts at
+  d_model 256 and above, with the same validation loss curve, while the
+  matmuls of smaller models are too small to gain what the casts cost
+  (docs/benchmarks.md has the measurements).
 
 Decoding always runs in float32 (`Translator` copies a mixed-precision model
 to float32 compute; its variables are float32 already, so the weights are

@@ -22,6 +22,7 @@ import warnings
 import keras
 
 from keras_transformer.callbacks import ResumableEarlyStopping
+from keras_transformer.callbacks import TensorBoard
 from keras_transformer.callbacks import ValidationBLEU
 from keras_transformer.callbacks import history_state
 from keras_transformer.checkpoints import EpochCheckpoint
@@ -102,6 +103,8 @@ class TrainingConfig:
             log it as `val_bleu` (0: never).
         checkpoint_metric: `"val_loss"` or `"val_bleu"` (needs `bleu_every`):
             what chooses `best.keras`.
+        tensorboard: write TensorBoard logs to `<output_dir>/tensorboard`
+            (`tensorboard --logdir <output_dir>/tensorboard` shows them).
     """
 
     train_src: str
@@ -139,6 +142,23 @@ class TrainingConfig:
     early_stopping_patience: int = None
     bleu_every: int = 0
     checkpoint_metric: str = "val_loss"
+    tensorboard: bool = True
+
+    @classmethod
+    def from_file(cls, path, **overrides):
+        """A config from a JSON or YAML file, with `overrides` on top.
+
+        The file holds the fields of this class by name, either at the top
+        level or under `"training"` as a run's `config.json` records them, so
+        `TrainingConfig.from_file("runs/x/config.json", output_dir="runs/y")`
+        repeats run x into a new folder.
+
+        Raises:
+            FileNotFoundError: if `path` does not exist.
+            ValueError: for a file that is not a JSON or YAML mapping, or an
+                unknown field (the message lists the known ones).
+        """
+        return cls(**{**read_config_file(path), **overrides})
 
     def model_config(self):
         """The `build_transformer` keyword arguments (without vocab sizes)."""
@@ -155,6 +175,29 @@ class TrainingConfig:
         config["max_length"] = self.max_length
         config["tie_embeddings"] = self.tie_embeddings
         return config
+
+
+def read_config_file(path):
+    """The `TrainingConfig` fields in the JSON or YAML file `path` (`.yaml`
+    or `.yml` is read as YAML), as a dict; see `TrainingConfig.from_file`."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    as_yaml = path.endswith((".yaml", ".yml"))
+    try:
+        values = yaml.safe_load(text) if as_yaml else json.loads(text)
+    except (ValueError, yaml.YAMLError) as error:  # ValueError: json's
+        raise ValueError(f"{path} is not valid {'YAML' if as_yaml else 'JSON'}: {error}") from None
+    if isinstance(values, dict) and isinstance(values.get("training"), dict):
+        values = values["training"]
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of TrainingConfig fields; got {type(values).__name__}.")
+    known = {field.name for field in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path} has unknown settings {unknown}; the known ones are {sorted(known)}.")
+    return values
 
 
 def _tokenizer(path, data, vocab_size, lowercase):
@@ -507,6 +550,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         ),
         EpochCheckpoint(out, keep=config.keep_checkpoints, monitor=best_metric),
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
+        *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
         keras.callbacks.TerminateOnNaN(),
         _Timer(os.path.join(out, "epochs.jsonl")),
     ]

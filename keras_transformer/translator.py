@@ -17,7 +17,7 @@ from keras_transformer.precision import with_dtype_policy
 # The string signatures take a string or a batch of strings. The rank is left
 # open on purpose: with a fixed `[None]`, graph optimisations trust that rank,
 # and a scalar sent by a client would crash deep in the graph instead of
-# being translated (C17).
+# being translated.
 TEXT_SPEC = tf.TensorSpec(None, tf.string, name="text")
 
 
@@ -89,7 +89,7 @@ class Translator(tf.Module):
     (`keras_transformer.export`) that needs only `tensorflow` and
     `tensorflow_text` to run.
 
-    Input limit (C09): a source longer than the model's `max_length` is
+    Input limit: a source longer than the model's `max_length` is
     truncated to its first `max_length - 1` subword tokens plus the end
     token, the rule the training pipeline applies; nothing is raised.
 
@@ -129,8 +129,17 @@ class Translator(tf.Module):
             fit the model.
 
     Example:
-    >>> translator = Translator(model, src_tok, tgt_tok, beam_size=4)
-    >>> translator(["A dog runs ."]).numpy()
+    >>> from keras_transformer import build_transformer
+    >>> from keras_transformer.data.synthetic import make_synthetic_corpus
+    >>> from keras_transformer.tokenizers import train_subword_tokenizer
+    >>> english, german = make_synthetic_corpus(300, seed=0)
+    >>> src_tok = train_subword_tokenizer(english, 120)
+    >>> tgt_tok = train_subword_tokenizer(german, 120)
+    >>> model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, num_layers=1,
+    ...                           d_model=16, num_heads=2, dff=32, max_length=16)
+    >>> translator = Translator(model, src_tok, tgt_tok, beam_size=2)
+    >>> translator(["A dog runs.", "Two cats sleep."]).shape  # untrained: random words
+    TensorShape([2])
     """
 
     def __init__(
@@ -310,6 +319,11 @@ class Translator(tf.Module):
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
 
+    def translate_n_best(self, lines, n, batch_size=64):
+        """The `n <= beam_size` best translations of each `str` with their
+        scores; see `translate_n_best`."""
+        return translate_n_best(self.serve_n_best, lines, n, batch_size)
+
     @tf.function(input_signature=[TEXT_SPEC])
     def serve_n_best(self, text):
         """N-best signature: `text` (batch,) -> `translations` (batch, n) and
@@ -380,6 +394,32 @@ class Translator(tf.Module):
         return self.serve(text)["translation"]
 
 
+def _check_lines(lines, batch_size):
+    if isinstance(lines, (str, bytes)):
+        raise TypeError(
+            "translate_lines takes a list of sentences, not one string; "
+            "wrap it as [sentence]."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive int; got {batch_size!r}.")
+
+
+def _by_length(rows_of, lines, batch_size, progress):
+    """`rows_of(tf.string batch)` (one result per row) over `lines` in
+    batches of similar length; the results in the order of `lines`."""
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    results = [None] * len(lines)
+    bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        rows = rows_of(tf.constant([lines[i] for i in chunk], tf.string))
+        for i, row in zip(chunk, rows):
+            results[i] = row
+        if bar is not None:
+            bar.add(len(chunk))
+    return results
+
+
 def translate_lines(serve, lines, batch_size=64, progress=False):
     """Translate a list of `str` in batches of similar length.
 
@@ -401,21 +441,47 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
         TypeError: if `lines` is one string rather than a list.
         ValueError: if `batch_size` is not a positive int.
     """
-    if isinstance(lines, (str, bytes)):
-        raise TypeError(
-            "translate_lines takes a list of sentences, not one string; "
-            "wrap it as [sentence]."
-        )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive int; got {batch_size!r}.")
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-    results = [None] * len(lines)
-    bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        texts = serve(tf.constant([lines[i] for i in chunk], tf.string))
-        for i, text in zip(chunk, texts.numpy()):
-            results[i] = text.decode("utf-8")
-        if bar is not None:
-            bar.add(len(chunk))
-    return results
+    _check_lines(lines, batch_size)
+    return _by_length(
+        lambda batch: [t.decode("utf-8") for t in serve(batch).numpy()], lines, batch_size, progress
+    )
+
+
+def translate_n_best(serve_n_best, lines, n, batch_size=64):
+    """The `n` best translations of each of `lines`, with their scores.
+
+    Args:
+        serve_n_best: callable from a `tf.string` tensor `(batch,)` to
+            `{"translations": tf.string (batch, k), "scores": float32
+            (batch, k)}`, best first: `Translator.serve_n_best` or a
+            SavedModel's `translate_n_best` signature.
+        lines: list of `str`.
+        n: int, how many of the `k` hypotheses to keep, `1 <= n <= k`.
+        batch_size: int, sentences per batch.
+
+    Returns:
+        list (aligned with `lines`) of lists of `n` pairs `(translation str,
+        score float)`, best first; the score is the search's (log
+        probability over the GNMT length penalty in beam search).
+
+    Raises:
+        TypeError, ValueError: as `translate_lines`, and a ValueError when
+            the search keeps fewer than `n` hypotheses.
+    """
+    _check_lines(lines, batch_size)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"`n` must be a positive int; got {n!r}.")
+
+    def rows_of(batch):
+        found = serve_n_best(batch)
+        translations, scores = found["translations"].numpy(), found["scores"].numpy()
+        if translations.shape[1] < n:
+            raise ValueError(
+                f"The search keeps {translations.shape[1]} hypotheses per sentence (its beam "
+                f"size), fewer than the {n} asked for: ask for at most {translations.shape[1]}, "
+                "or decode with a larger beam size."
+            )
+        return [[(t.decode("utf-8"), float(s)) for t, s in zip(row_t[:n], row_s[:n])]
+                for row_t, row_s in zip(translations, scores)]
+
+    return _by_length(rows_of, lines, batch_size, False)

@@ -371,3 +371,94 @@ def test_compiled_training_pads_batches_to_their_bucket(tmp_path, monkeypatch, j
         training.train(config, verbose=0)
     compiled = jit_compile or keras.backend.backend() == "jax"
     assert seen["pad_to_bucket_boundary"] is compiled
+
+
+def _scalars(folder):
+    """`{tag: {step: value}}` of the TensorBoard event files in `folder`."""
+    import tensorflow as tf
+
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if "tfevents" not in name:
+                continue
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(root, name)):
+                for value in event.summary.value:
+                    if value.metadata.plugin_data.plugin_name != "scalars":
+                        continue  # the model config, written as text
+                    number = tf.make_ndarray(value.tensor) if value.HasField("tensor") else value.simple_value
+                    tag = os.path.basename(root) + "/" + value.tag
+                    found.setdefault(tag, {})[event.step] = float(number)
+    return found
+
+
+@pytest.mark.slow
+def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
+    """`train --config FILE` (YAML) takes the file's settings with flags on
+    top and records them; TensorBoard gets the epoch losses that log.csv
+    has and the learning rate; `translate --n-best/--scores/--format jsonl`
+    prints the search's hypotheses best first, the first equal to the plain
+    translation; `load_translator` gives the same for the run and for its
+    SavedModel."""
+    import csv
+
+    import keras_transformer as kt
+    from keras_transformer.training import TrainingConfig
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=300, n_val=20, seed=4)
+    run = tmp_path / "run"
+    config = tmp_path / "settings.yaml"
+    config.write_text(
+        f"train_src: {data / 'train.en'}\ntrain_tgt: {data / 'train.de'}\n"
+        f"val_src: {data / 'val.en'}\nval_tgt: {data / 'val.de'}\n"
+        "preset: tiny\nnum_layers: 1\nmax_length: 24\nsrc_vocab_size: 150\ntgt_vocab_size: 170\n"
+        "tokens_per_batch: 1024\nwarmup_steps: 10\nepochs: 5\n"
+    )
+    main(["train", "--config", str(config), "--output-dir", str(run), "--epochs", "2"])
+    with open(run / "config.json") as f:
+        recorded = json.load(f)["training"]
+    assert recorded["epochs"] == 2 and recorded["preset"] == "tiny" and recorded["tgt_vocab_size"] == 170
+    assert TrainingConfig.from_file(str(run / "config.json")) == TrainingConfig(**recorded)
+    with open(run / "log.csv") as f:
+        rows = list(csv.DictReader(f))
+    scalars = _scalars(run / "tensorboard")
+    for epoch, row in enumerate(rows):
+        assert scalars["train/epoch_loss"][epoch] == pytest.approx(float(row["loss"]), rel=1e-5)
+        assert scalars["validation/epoch_loss"][epoch] == pytest.approx(float(row["val_loss"]), rel=1e-5)
+    assert set(scalars["train/epoch_learning_rate"]) == {0, 1}
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "missing.yaml")])
+    config.write_text("train_src: a\nwarmup: 3\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config)])
+    assert "unknown settings ['warmup']" in capsys.readouterr().err
+
+    sentences = ["A dog runs.", "The old woman sees the children."]
+    main(["translate", "--run", str(run), "--beam-size", "3", *sentences])
+    plain = capsys.readouterr().out.strip().splitlines()
+    main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "2", "--scores", *sentences])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4
+    scores = [float(line.split("\t")[0]) for line in lines]
+    assert scores[0] >= scores[1] and scores[2] >= scores[3]
+    assert [lines[0].split("\t", 1)[1], lines[2].split("\t", 1)[1]] == plain
+    main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "3", "--format", "jsonl", *sentences])
+    records = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [r["source"] for r in records] == sentences
+    assert [r["translations"][0] for r in records] == plain and all(len(r["scores"]) == 3 for r in records)
+    with pytest.raises(SystemExit):
+        main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "4", "A dog."])
+    assert "fewer than the 4 asked for" in capsys.readouterr().err
+
+    from_run = kt.load_translator(str(run), beam_size=3)
+    assert from_run.translate_lines(sentences) == plain
+    exported = tmp_path / "exported"
+    main(["export", "--run", str(run), "--output", str(exported), "--beam-size", "3"])
+    from_saved_model = kt.load_translator(str(exported))
+    assert from_saved_model.translate_lines(sentences) == plain
+    assert [h[0][0] for h in from_saved_model.translate_n_best(sentences, 2)] == plain
+    with pytest.raises(ValueError, match="apply to a run only"):
+        kt.load_translator(str(exported), beam_size=2)
+    with pytest.raises(FileNotFoundError, match="neither a SavedModel"):
+        kt.load_translator(str(tmp_path))

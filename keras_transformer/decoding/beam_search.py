@@ -53,9 +53,9 @@ def beam_search(
     `log P(y) / lp(y)` with the GNMT penalty `lp = ((5 + |y|) / 6) ** alpha`
     (`alpha = length_penalty`; 0 ranks by raw log-probability), applied per
     hypothesis to its own length. The encoder output, its padding mask and
-    the cross-attention keys/values are repeated once per beam (C18). A
+    the cross-attention keys/values are repeated once per beam. A
     hypothesis that produced `end_id` is finished: it is never extended,
-    its score stays fixed, and only `pad_id` follows (C20). The end token
+    its score stays fixed, and only `pad_id` follows. The end token
     is forced at the limit of `decode_limits`.
 
     Decoding stops as soon as no sentence's `n_best` can change: when each

@@ -4,10 +4,10 @@ Convention used everywhere in this library (the Keras one): a boolean mask
 value of `True` means "this query may attend to this key", `False` means
 "blocked". This is the opposite of the TF tutorial's hand-written attention,
 where 1 meant blocked; mixing the two conventions trains a decoder that only
-sees the future (see `../shared/CASES.md`, C03).
+sees the future.
 
 Masks are built by broadcasting, never by tiling over a concrete batch size,
-so they trace under `jax.jit`, `tf.function` and XLA (C27).
+so they trace under `jax.jit`, `tf.function` and XLA.
 """
 
 from keras import ops
@@ -71,7 +71,7 @@ def key_padding_to_attention_mask(key_mask):
 
     The result broadcasts along the query axis: every query sees the same
     keys. This is the shape cross-attention needs with the *source* padding
-    (C01) and self-attention needs with the sequence's own padding (C02).
+    and self-attention needs with the sequence's own padding.
     """
     if key_mask is None:
         return None

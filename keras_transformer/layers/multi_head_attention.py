@@ -13,7 +13,7 @@ from keras_transformer.layers.masks import merge_masks
 
 # Added to blocked scores before the softmax. The softmax always runs in
 # float32 (see `masked_softmax`), so this constant never meets a float16
-# tensor and cannot overflow to -inf under mixed precision (C07).
+# tensor and cannot overflow to -inf under mixed precision.
 _MASK_VALUE = -1e9
 
 
@@ -21,8 +21,8 @@ def masked_softmax(scores, mask=None):
     """Softmax over the last axis that gives blocked keys exactly zero weight.
 
     The softmax runs in float32 whatever the input dtype (mixed precision
-    safe, C07). A row whose keys are all blocked gets all-zero weights rather
-    than NaN, and no NaN reaches the gradient (C08): blocked scores get a
+    safe). A row whose keys are all blocked gets all-zero weights rather
+    than NaN, and no NaN reaches the gradient: blocked scores get a
     finite -1e9 added before the softmax (so `exp` gives them exactly 0 in
     any row with an allowed key), and the weights are zeroed after it with
     `where`, whose gradient at a constant branch is 0. The softmax itself is
@@ -158,7 +158,7 @@ def fused_dot_product_attention(query, key, value, mask=None, scale=None):
 
     The same values as `scaled_dot_product_attention` (no dropout, no
     weights returned), with the backend's fused kernel; a query row whose
-    keys are all blocked gives 0, as in `masked_softmax` (C08).
+    keys are all blocked gives 0, as in `masked_softmax`.
 
     Args:
         query: `(batch, query_length, num_heads, key_dim)`.

@@ -84,7 +84,7 @@ class PositionalEmbedding(keras.layers.Layer):
     Section 3.4: "In the embedding layers, we multiply those weights by
     sqrt(d_model)". Section 3.5: the sum with fixed sine and cosine
     position encodings. The encoding table has exactly `max_length` rows
-    (not `vocab_size`, C09) and is computed from the config, so it is not a
+    (not `vocab_size`) and is computed from the config, so it is not a
     weight and costs nothing in a checkpoint.
 
     The layer emits a Keras padding mask (`inputs != pad_id`) that the

@@ -92,13 +92,13 @@ class TransformerDecoder(TransformerBlock):
        target;
     2. cross-attention ("encoder-decoder attention") over the encoder
        output, masked by the padding of the *source* and broadcast along the
-       query axis, so it works for any source and target lengths (C01);
+       query axis, so it works for any source and target lengths;
     3. the position-wise feed-forward net.
 
     Masks arrive as the Keras masks of `inputs` and `encoder_outputs` (set by
     `PositionalEmbedding` and carried by the encoder) or explicitly as
     `inputs_mask` and `encoder_outputs_mask`. The block's output carries the
-    target mask on (C05).
+    target mask on.
 
     For incremental decoding, `call_cached` runs one new position against a
     fixed-size key/value cache; it gives the same values as `call` on the

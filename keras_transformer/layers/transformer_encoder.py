@@ -21,7 +21,7 @@ class TransformerEncoder(TransformerBlock):
     `norm_first=True`. Self-attention is masked by the padding of the
     sequence: the mask arrives as the Keras mask of `inputs` (set by
     `PositionalEmbedding`) or as `mask`, is broadcast along the query axis
-    (C02), and is passed on as this block's output mask (C05).
+   , and is passed on as this block's output mask.
 
     Args:
         num_heads: int, attention heads; must divide `d_model`.

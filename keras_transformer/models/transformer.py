@@ -236,7 +236,10 @@ def build_transformer(
 
 
 def build_from_preset(preset, src_vocab_size, tgt_vocab_size, **overrides):
-    """`build_transformer` with the sizes of a named preset (see `PRESETS`).
+    """An untrained `build_transformer` model with the sizes of a named
+    preset (see `PRESETS`), its weights freshly initialized. To load trained
+    weights, use `keras_transformer.load_run` (a run folder) or
+    `keras_transformer.load_translator` (a run or a SavedModel).
 
     Example:
     >>> model = build_from_preset("tiny", 1000, 1000, max_length=32)

@@ -1,0 +1,61 @@
+"""The README and docs/ stay true: their links resolve, and every
+`keras-transformer` command line they show names a command and flags that
+the CLI has."""
+
+import re
+
+import pytest
+
+from conftest import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_resolve(page):
+    text = page.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (page.parent / target).exists(), f"{page.name} links to a missing {target}"
+
+
+def _command_lines(text):
+    """The `keras-transformer ...` commands in the page's code blocks, with
+    continuation lines joined and comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("keras-transformer "):
+                yield line
+
+
+def test_the_pages_show_real_commands_and_flags():
+    import argparse
+
+    from keras_transformer import cli
+
+    parsers = {}
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(parser, argv=None, namespace=None):
+        parsers["root"] = parser
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["demo"])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    commands = next(a for a in parsers["root"]._actions if isinstance(a, argparse._SubParsersAction))
+    seen = 0
+    for page in PAGES:
+        for line in _command_lines(page.read_text(encoding="utf-8")):
+            words = line.split()
+            assert words[1] in commands.choices, f"{page.name}: unknown command in {line!r}"
+            known = set(commands.choices[words[1]]._option_string_actions)
+            for flag in (w for w in words[2:] if w.startswith("--")):
+                assert flag in known, f"{page.name}: {words[1]} has no {flag} ({line!r})"
+            seen += 1
+    assert seen >= 10
