@@ -134,6 +134,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             length_penalty=translator.length_penalty,
             max_length=translator.max_length,
             length_ratio=translator.length_ratio,
+            allow_unk=translator.allow_unk,
         )
     signatures = {
         "serving_default": translator.serve.get_concrete_function(),
@@ -188,6 +189,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             "beam_size": translator.beam_size,
             "length_penalty": translator.length_penalty,
             "source_max_length": translator.source_max_length,
+            "allow_unk": translator.allow_unk,
         },
         "weights_dtype": weights_dtype,
         "custom_ops": {"tensorflow_text": list(TENSORFLOW_TEXT_OPS)},

@@ -112,6 +112,9 @@ class Translator(tf.Module):
             lower latency on a CPU for batch 1). Source lengths are then
             padded to a multiple of 8 so that few shapes get compiled. A
             SavedModel exported with it needs a TF Serving build with XLA.
+        allow_unk: bool, let the search output the unknown id (which
+            detokenizes as " ⁇ "). By default it is never a candidate, as
+            pad and start never are, so translations hold no special token.
 
     Call arguments:
         text: a `str`, a list of `str`, or a `tf.string` tensor of rank 0
@@ -153,6 +156,7 @@ class Translator(tf.Module):
         max_length=None,
         length_ratio=None,
         jit_compile=False,
+        allow_unk=False,
         name=None,
     ):
         super().__init__(name=name)
@@ -207,6 +211,7 @@ class Translator(tf.Module):
         self.length_ratio = length_ratio
         self.source_max_length = self._parts.source_max_length
         self.jit_compile = bool(jit_compile)
+        self.allow_unk = bool(allow_unk)
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile)
 
     def _search_kwargs(self):
@@ -216,6 +221,7 @@ class Translator(tf.Module):
             pad_id=self.tgt_tokenizer.pad_id,
             max_length=self.max_length,
             length_ratio=self.length_ratio,
+            suppressed_ids=() if self.allow_unk else (self.tgt_tokenizer.unk_id,),
         )
 
     def encode_source(self, text):

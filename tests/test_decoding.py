@@ -47,7 +47,9 @@ def test_greedy_equals_uncached_argmax_decoding(parts):
         prefix = [START]
         for _ in range(parts.max_length):
             logits = to_numpy(parts.decode_uncached(SOURCES[row : row + 1], np.array([prefix], "int32")))
-            nxt = int(logits[0, -1].argmax())
+            candidates = logits[0, -1].copy()
+            candidates[[PAD, START]] = -np.inf  # never outputs
+            nxt = int(candidates.argmax())
             if len(prefix) == parts.max_length:
                 nxt = END  # forced at the limit
             prefix.append(nxt)
@@ -180,7 +182,7 @@ def reference_beam_search(table, beam_size, alpha, n_best):
                 candidates.append((tokens, score, True))
                 continue
             last = tokens[-1] if tokens else START
-            allowed = [END] if t + 1 >= length else range(vocab)
+            allowed = [END] if t + 1 >= length else [v for v in range(vocab) if v not in (PAD, START)]
             for v in allowed:
                 candidates.append((tokens + (v,), score + log_probs[t, last, v], v == END))
         candidates.sort(key=lambda hyp: -normalised(hyp))
@@ -282,3 +284,51 @@ def test_greedy_cross_attention_weights(parts):
         np.testing.assert_allclose(attention[row, :n].sum(-1), 1.0, atol=1e-5)
         np.testing.assert_array_equal(attention[row, :, :, ~real], 0.0)
         np.testing.assert_array_equal(attention[row, n:], 0.0)
+
+
+def _teacher_forced_log_prob(model, source, output):
+    """log P(output | source) under the full model, the output ending with
+    END (and padded after it)."""
+    end = int(np.flatnonzero(output == END)[0]) + 1
+    decoder_inputs = np.array([[START, *output[: end - 1]]], "int32")
+    logits = to_numpy(model({"encoder_inputs": source[None], "decoder_inputs": decoder_inputs}))[0]
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    return float(sum(log_probs[t, output[t]] for t in range(end)))
+
+
+@pytest.mark.parametrize("raised", [(), (PAD,), (START,), (PAD, START, 1)])
+def test_searches_never_output_pad_or_start_and_score_the_model_probability(raised):
+    """Tiny random models (vocabularies 60 / 50), with the logits of `raised`
+    ids pushed up by 4: no output holds pad (0) or start (2) before its end
+    id (before the fix, 17 of 48 rows did, and greedy gave
+    `[2, 2, ..., 3]` or `[0, ..., 0, 3]`); the unknown id (1) only when not
+    suppressed. Greedy scores equal the teacher-forced log-probability of
+    the output, and beam scores times the length penalty do too (1e-4)."""
+    keras.utils.set_random_seed(1)
+    model = build_transformer(60, 50, num_layers=1, d_model=16, num_heads=2, dff=32,
+                              dropout_rate=0.0, max_length=10)
+    kernel, bias = model.get_layer("logits").get_weights()
+    bias[list(raised)] += 4.0
+    model.get_layer("logits").set_weights([kernel, bias])
+    parts = TransformerParts(model)
+    rng = np.random.default_rng(0)
+    sources = rng.integers(4, 60, (48, 6)).astype("int32")
+    sources[:, -1] = END
+    greedy, greedy_scores = (to_numpy(x) for x in greedy_search(parts, sources, start_id=START, end_id=END))
+    beams, beam_scores = (to_numpy(x) for x in beam_search(
+        parts, sources, start_id=START, end_id=END, beam_size=3, n_best=1, length_penalty=0.6,
+        suppressed_ids=(1,)))
+    for row in range(48):
+        for tokens in (greedy[row], beams[row, 0]):
+            end = int(np.flatnonzero(tokens == END)[0])
+            assert not np.isin(tokens[:end], (PAD, START)).any(), tokens
+            assert (tokens[end + 1:] == PAD).all()
+        assert 1 not in beams[row, 0]
+    for row in range(0, 48, 8):
+        want = _teacher_forced_log_prob(model, sources[row], greedy[row])
+        assert abs(greedy_scores[row] - want) < 1e-4, (row, greedy_scores[row], want)
+        length = int(np.flatnonzero(beams[row, 0] == END)[0]) + 1
+        want = _teacher_forced_log_prob(model, sources[row], beams[row, 0])
+        got = beam_scores[row, 0] * float(to_numpy(length_penalty_factor(length, 0.6)))
+        assert abs(got - want) < 1e-4, (row, got, want)

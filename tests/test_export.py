@@ -358,3 +358,25 @@ def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights
     loaded = tf.saved_model.load(path).signatures["serving_default"]
     want = loaded(text=tf.constant(INPUTS[:2]))["translation"].numpy().tolist()
     assert "[" + " ".join(repr(t) for t in want) + "]" in run.stdout
+
+
+def test_the_unknown_id_is_kept_out_of_translations_unless_allowed(exported):
+    """With the unknown id's logit raised far above the rest, the default
+    `Translator` never outputs it (no " ⁇ " in any served string); with
+    `allow_unk=True` it does, and the export records the setting."""
+    translators, paths = exported
+    with open(os.path.join(paths["beam"], "keras_transformer.json")) as f:
+        assert json.load(f)["decoding"]["allow_unk"] is False
+    src, tgt = translators["greedy"].src_tokenizer, translators["greedy"].tgt_tokenizer
+    keras.utils.set_random_seed(3)
+    model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32,
+                              num_heads=4, dff=64, dropout_rate=0.0, max_length=12)
+    kernel, bias = model.get_layer("logits").get_weights()
+    bias[tgt.unk_id] += 50.0
+    model.get_layer("logits").set_weights([kernel, bias])
+    for beam_size in (1, 3):
+        kept_out = Translator(model, src, tgt, beam_size=beam_size)
+        texts = [t.decode("utf-8") for t in kept_out(INPUTS).numpy()]
+        assert not any("\u2047" in text for text in texts), texts
+        allowed = Translator(model, src, tgt, beam_size=beam_size, allow_unk=True)
+        assert all("\u2047" in t.decode("utf-8") for t in allowed(INPUTS).numpy())

@@ -5,11 +5,13 @@ import math
 from keras import ops
 
 from keras_transformer.decoding.limits import decode_limits
+from keras_transformer.decoding.limits import NEG_LOG_PROB
 from keras_transformer.decoding.limits import flatten_caches
+from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.limits import unflatten_caches
 from keras_transformer.layers.id_range import check_id_range
 
-_NEG = -1e9  # finite "impossible" score: -inf would give inf - inf = NaN
+_NEG = NEG_LOG_PROB
 
 
 def length_penalty_factor(length, alpha):
@@ -46,6 +48,7 @@ def beam_search(
     max_length=None,
     length_ratio=None,
     length_offset=10,
+    suppressed_ids=(),
 ):
     """Beam search over a batch, `beam_size` hypotheses per sentence.
 
@@ -56,7 +59,9 @@ def beam_search(
     the cross-attention keys/values are repeated once per beam. A
     hypothesis that produced `end_id` is finished: it is never extended,
     its score stays fixed, and only `pad_id` follows. The end token
-    is forced at the limit of `decode_limits`.
+    is forced at the limit of `decode_limits`. `pad_id`, `start_id` and
+    `suppressed_ids` are never candidates (`suppress_ids`); scores are the
+    model's log-probabilities, not renormalized without them.
 
     Decoding stops as soon as no sentence's `n_best` can change: when each
     has `n_best` finished hypotheses that score above the best any alive
@@ -74,7 +79,8 @@ def beam_search(
         length_penalty: float `alpha` >= 0 (0.6 in Wu et al. and in the
             Transformer paper, section 6.1).
         n_best: int in [1, beam_size], hypotheses returned per sentence.
-        max_length, length_ratio, length_offset: see `greedy_search`.
+        max_length, length_ratio, length_offset, suppressed_ids: see
+            `greedy_search`.
 
     Returns:
         `(tokens, scores)`: int32 `(batch, n_best, max_length)` ids sorted
@@ -100,6 +106,7 @@ def beam_search(
     if beam_size > vocab:
         raise ValueError(f"`beam_size`={beam_size} exceeds the vocabulary size {vocab}.")
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    blocked = (pad_id, start_id, *suppressed_ids)
     length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
     k = beam_size
     encoder_outputs, encoder_mask = parts.encode(source_ids)
@@ -151,7 +158,8 @@ def beam_search(
         logits, new_caches = parts.decode_step(
             last, t, unflatten_caches(caches), cross, encoder_mask, weights=weights
         )
-        log_probs = ops.reshape(ops.log_softmax(logits, axis=-1), (batch, k, vocab))
+        log_probs = suppress_ids(ops.log_softmax(logits, axis=-1), vocab, blocked)
+        log_probs = ops.reshape(log_probs, (batch, k, vocab))
         at_limit = ops.reshape(ops.greater_equal(t + 1, limits), (batch, 1, 1))
         log_probs = ops.where(ops.logical_and(at_limit, ops.logical_not(is_end)), _NEG, log_probs)
         log_probs = ops.where(ops.expand_dims(finished, -1), only_pad, log_probs)

@@ -4,6 +4,7 @@ from keras import ops
 
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
+from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.limits import unflatten_caches
 from keras_transformer.layers.id_range import check_id_range
 
@@ -19,6 +20,7 @@ def greedy_search(
     length_ratio=None,
     length_offset=10,
     return_attention=False,
+    suppressed_ids=(),
 ):
     """Pick the most probable token at each step until `end_id`.
 
@@ -27,7 +29,8 @@ def greedy_search(
     `keras.ops.while_loop`, so it runs on every backend and traces into a
     `tf.function` / XLA graph on tensorflow. It stops when every sentence
     has produced `end_id` or reached its limit (`decode_limits`); the end
-    token is forced at the limit, and only `pad_id` follows it.
+    token is forced at the limit, and only `pad_id` follows it. `pad_id`,
+    `start_id` and `suppressed_ids` are never picked (`suppress_ids`).
 
     Args:
         parts: `TransformerParts` of the model.
@@ -41,6 +44,8 @@ def greedy_search(
         length_offset: int, see `decode_limits`.
         return_attention: bool, also return the last decoder layer's
             cross-attention weights.
+        suppressed_ids: ints never to output besides `pad_id` and
+            `start_id` (the `Translator` passes the unknown id).
 
     Returns:
         `(tokens, scores)`: int32 `(batch, max_length)` output ids (the end
@@ -50,6 +55,7 @@ def greedy_search(
         each output token over the source (zero after the end token).
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    blocked = (pad_id, start_id, *suppressed_ids)
     length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
     encoder_outputs, encoder_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
@@ -83,7 +89,7 @@ def greedy_search(
             attention = ops.where(
                 ops.reshape(ops.equal(positions, t), (1, -1, 1, 1)), ops.expand_dims(step_weights, 1), attention
             )
-        log_probs = ops.log_softmax(logits, axis=-1)
+        log_probs = suppress_ids(ops.log_softmax(logits, axis=-1), parts.vocab_size, blocked)
         at_limit = ops.greater_equal(t + 1, limits)
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
         best = ops.where(at_limit, end_id, best)

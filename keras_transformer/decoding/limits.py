@@ -1,4 +1,4 @@
-"""How long decoding may run for each sentence."""
+"""How long decoding may run for each sentence, and which ids it may emit."""
 
 from keras import ops
 
@@ -38,3 +38,28 @@ def flatten_caches(caches):
 def unflatten_caches(flat):
     """[k, v, ...] -> [(k, v), ...]."""
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+# A finite "impossible" log-probability: -inf would give inf - inf = NaN.
+NEG_LOG_PROB = -1e9
+
+
+def suppress_ids(log_probs, vocab_size, ids):
+    """`log_probs` `(..., vocab_size)` with the entries of `ids` set to
+    `NEG_LOG_PROB`, so a search never picks them, and the others unchanged
+    (not renormalized: a hypothesis's score stays the model's own
+    log-probability of it, the teacher-forced one).
+
+    The searches suppress `pad_id` and `start_id` at every step: neither is
+    an output token (a pad inside a sentence would also be masked by the
+    full model, though the cache attends to it), and the `Translator`
+    suppresses `unk_id` unless asked to allow it.
+    """
+    ids = sorted({int(i) for i in ids if i is not None})
+    if not ids:
+        return log_probs
+    blocked = ops.any(
+        ops.equal(ops.arange(vocab_size, dtype="int32")[:, None], ops.convert_to_tensor(ids, "int32")[None, :]),
+        axis=1,
+    )
+    return ops.where(blocked, NEG_LOG_PROB, log_probs)
