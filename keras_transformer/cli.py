@@ -4,10 +4,12 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 """
 
 import argparse
+import contextlib
 import io
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -241,7 +243,10 @@ def cmd_evaluate(args):
     from keras_transformer.data.text_files import check_files
 
     check_files(args.src, args.ref)  # before the model load, which takes seconds
-    scores = evaluate_files(_translate_fn(args), args.src, args.ref, args.batch_size, args.limit, args.output)
+    # The progress bar goes to stderr: stdout is the JSON (`evaluate ... > scores.json`).
+    with contextlib.redirect_stdout(sys.stderr):
+        scores = evaluate_files(_translate_fn(args), args.src, args.ref, args.batch_size, args.limit,
+                                args.output)
     print(json.dumps(scores, indent=2))
 
 
@@ -383,10 +388,38 @@ def cmd_build_kernels(args):
     print(f"Fused CPU training kernels: {built.reason}")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default, where its help does not already say it
+    and there is one (not None or False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _version():
+    from keras_transformer import __version__
+
+    return __version__
+
+
 def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    class commands:  # every command: defaults shown in --help, no abbreviated options
+        @staticmethod
+        def add_parser(name, **kwargs):
+            return subparsers.add_parser(
+                name, allow_abbrev=False, formatter_class=_HelpFormatter,
+                description=kwargs.get("help"), **kwargs,
+            )
 
     p = train_parser = commands.add_parser("train", help="train (or resume) a model on aligned text files")
     _add_training_args(p)
@@ -396,8 +429,8 @@ def main(argv=None):
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--run", help="run folder written by train")
     model.add_argument("--saved-model", help="exported SavedModel folder")
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
+    p.add_argument("--src", required=True, help="source file to translate (plain or .gz)")
+    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
     p.add_argument("--limit", type=_positive_int, help="first N sentences only")
     p.add_argument("--output", help="write the translations here")
     _decoding_args(p)
@@ -423,8 +456,8 @@ def main(argv=None):
     p.set_defaults(func=cmd_translate)
 
     p = commands.add_parser("export", help="write a SavedModel that translates strings")
-    p.add_argument("--run", required=True)
-    p.add_argument("--output", required=True)
+    p.add_argument("--run", required=True, help="run folder written by train")
+    p.add_argument("--output", required=True, help="SavedModel folder to write")
     p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
                    help="float16 halves the SavedModel; computation stays float32")
     p.add_argument("--overwrite", action="store_true",
@@ -433,9 +466,10 @@ def main(argv=None):
     p.set_defaults(func=cmd_export)
 
     p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")
-    p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--epochs", type=_positive_int, default=12)
-    p.add_argument("--train-pairs", type=int, default=6000)
+    p.add_argument("--output-dir", default="runs/demo",
+                   help="where the corpus (data/), the run (run/) and the SavedModel (saved_model/) go")
+    p.add_argument("--epochs", type=_positive_int, default=12, help="training epochs")
+    p.add_argument("--train-pairs", type=_positive_int, default=6000, help="generated training pairs")
     p.set_defaults(func=cmd_demo)
 
     p = commands.add_parser("average", help="average a run's epoch checkpoints into one model")
@@ -463,6 +497,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         args.func(args)
+    except KeyboardInterrupt:
+        if args.command != "train":
+            parser.exit(130, f"keras-transformer {args.command}: interrupted\n")
+        parser.exit(130, f"keras-transformer train: interrupted; {args.output_dir} keeps every finished "
+                         f"epoch. Resume with: keras-transformer {shlex.join(argv)}\n")
     except (ValueError, OSError, TypeError) as error:
         if os.environ.get("KERAS_TRANSFORMER_TRACEBACK"):
             raise

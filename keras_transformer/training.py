@@ -26,6 +26,7 @@ from keras_transformer.callbacks import TensorBoard
 from keras_transformer.callbacks import ValidationBLEU
 from keras_transformer.callbacks import history_state
 from keras_transformer.checkpoints import EpochCheckpoint
+from keras_transformer.checkpoints import epoch_log
 from keras_transformer.checkpoints import average_checkpoints
 from keras_transformer.checkpoints import select_checkpoints
 from keras_transformer.data.pipeline import check_batching
@@ -403,6 +404,37 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
         json.dump({"training": dataclasses.asdict(config), "model": model}, f, indent=2)
 
 
+def _resumed_from(out):
+    """The last epoch a run folder logged, when it has a checkpoint to go on
+    from (`BackupAndRestore`); 0 for a new run."""
+    if not os.path.isdir(os.path.join(out, "checkpoints")):
+        return 0
+    return max(epoch_log(out), default=0)
+
+
+class _WarmupCheck(keras.callbacks.Callback):
+    """Warns after the first epoch when the run is too short to finish the
+    learning-rate warm-up (the rate would still be rising at the end)."""
+
+    def __init__(self, warmup_steps, epochs):
+        super().__init__()
+        self.warmup_steps, self.epochs, self.steps, self.checked = warmup_steps, epochs, 0, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.checked:
+            return
+        self.checked = True
+        total = self.steps * self.epochs
+        if self.warmup_steps > total:
+            print(f"Warning: warmup_steps={self.warmup_steps} is more than the whole run "
+                  f"({self.steps} steps an epoch x {self.epochs} epochs = {total}): the learning "
+                  "rate never reaches its peak and the model may learn little. Lower "
+                  "--warmup-steps or train more epochs.", flush=True)
+
+
 def _fast_path(config):
     """Builds the fused CPU kernels (`keras_transformer.kernels`) where this
     run's training steps can use them, and says in one line which path the
@@ -450,8 +482,14 @@ def train(config, verbose=1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
     _check_settings(config, model_config)
     check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None)
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "config.json")):
+        raise ValueError(
+            f"--output-dir {out} is a folder with other files and no training run in it "
+            "(no config.json): train would write among them. Pass a new or empty folder."
+        )
     os.makedirs(out, exist_ok=True)
     _check_resumable(out, config, model_config)
+    resumed = _resumed_from(out)
     # Written before the tokenizers are trained, so that a run cut short
     # still records what its tokenizers were asked for.
     _write_run_config(out, config, model_config)
@@ -477,6 +515,13 @@ def train(config, verbose=1):
 
     fast_path = _fast_path(config)
     if verbose:
+        val_pairs = len(read_lines(config.val_src)) if config.val_src else 0
+        print(f"Read {len(src_lines)} training pairs" + (f" and {val_pairs} validation pairs" if val_pairs else "")
+              + f"; vocabularies: source {src_tok.vocab_size} pieces (asked {config.src_vocab_size}), "
+              f"target {tgt_tok.vocab_size} (asked {config.tgt_vocab_size})"
+              + (", one shared vocabulary" if config.shared_vocab else ""))
+        if resumed:
+            print(f"Resuming {out} after epoch {resumed} (its checkpoints/ folder)")
         source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
               + ("" if source == "given" else f" ({source})"))
@@ -553,6 +598,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
         keras.callbacks.TerminateOnNaN(),
         _Timer(os.path.join(out, "epochs.jsonl")),
+        _WarmupCheck(config.warmup_steps, config.epochs),
     ]
     if config.early_stopping_patience:
         _, best, stop = history_state(out, monitor, config.early_stopping_patience)

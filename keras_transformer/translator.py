@@ -302,7 +302,9 @@ class Translator(tf.Module):
         tokens, scores = self.translate_ids(source_ids, n_best=n_best)
         shape = tf.shape(tokens)
         flat = tf.reshape(tokens, (shape[0] * shape[1], shape[2]))
-        texts = tf.reshape(self.tgt_tokenizer.detokenize(flat), (shape[0], shape[1]))
+        # Stripped: an output of pieces that detokenize to spaces (an
+        # undertrained model) must not come back padded with blanks.
+        texts = tf.strings.strip(tf.reshape(self.tgt_tokenizer.detokenize(flat), (shape[0], shape[1])))
         blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)[:, None]
         texts = tf.where(blank, tf.constant("", tf.string), texts)
         scores = tf.where(blank, tf.zeros_like(scores), scores)

@@ -451,6 +451,10 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
         main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "4", "A dog."])
     assert "fewer than the 4 asked for" in capsys.readouterr().err
 
+    # evaluate's stdout is the JSON alone (the progress bar goes to stderr).
+    main(["evaluate", "--run", str(run), "--beam-size", "1", "--src", str(data / "val.en"),
+          "--ref", str(data / "val.de")])
+    assert set(json.loads(capsys.readouterr().out)) >= {"bleu", "chrf", "seconds"}
     from_run = kt.load_translator(str(run), beam_size=3)
     assert from_run.translate_lines(sentences) == plain
     exported = tmp_path / "exported"
@@ -462,3 +466,82 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
         kt.load_translator(str(exported), beam_size=2)
     with pytest.raises(FileNotFoundError, match="neither a SavedModel"):
         kt.load_translator(str(tmp_path))
+    # A rerun says what it read and what it resumes from.
+    main(["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+          "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+          "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+          "--max-length", "24", "--src-vocab-size", "150", "--tgt-vocab-size", "170",
+          "--tokens-per-batch", "1024", "--warmup-steps", "10", "--epochs", "3"])
+    out = capsys.readouterr().out
+    assert "Read 300 training pairs and 20 validation pairs; vocabularies: source" in out
+    assert "(asked 150)" in out and f"Resuming {run} after epoch 2" in out
+
+
+def test_bom_is_stripped_from_files(tmp_path):
+    """A UTF-8 file that starts with EF BB BF: the readers drop the mark,
+    the tokenizer learns no U+FEFF piece, and a perfect output scores BLEU
+    100 against it (99.93 before)."""
+    from keras_transformer.data.text_files import read_lines
+    from keras_transformer.evaluation import corpus_scores
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    lines = [f"a small dog number {i} runs in the park" for i in range(60)]
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8") + b"\n")
+    assert read_lines(str(path)) == lines
+    tokenizer = train_subword_tokenizer(str(path), 60)
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    assert not any("\ufeff" in piece for piece in pieces)
+    assert corpus_scores(lines, read_lines(str(path)))["bleu"] == pytest.approx(100.0)
+
+
+def test_train_refuses_a_folder_of_other_files_and_warns_about_warmup(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=5)
+    busy = tmp_path / "my_documents"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--preset", "tiny", "--num-layers", "1", "--max-length", "24", "--src-vocab-size", "100",
+            "--tgt-vocab-size", "100", "--tokens-per-batch", "1024", "--epochs", "1"]
+    with pytest.raises(SystemExit) as info:
+        main(args + ["--output-dir", str(busy)])
+    assert info.value.code == 1 and "no training run in it" in capsys.readouterr().err
+    assert sorted(os.listdir(busy)) == ["notes.txt"]
+    main(args + ["--output-dir", str(tmp_path / "run"), "--warmup-steps", "1000"])
+    out = capsys.readouterr().out
+    assert "Warning: warmup_steps=1000 is more than the whole run" in out
+
+
+def test_interrupted_training_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    import keras_transformer.training as training
+
+    def interrupted(config, verbose=1):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted)
+    argv = ["train", "--train-src", "a.txt", "--train-tgt", "b.txt", "--output-dir", str(tmp_path / "r")]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 130 and len(err.strip().splitlines()) == 1
+    assert f"Resume with: keras-transformer train --train-src a.txt --train-tgt b.txt --output-dir {tmp_path / 'r'}" in err
+
+
+def test_version_help_and_no_abbreviations(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip().startswith("keras-transformer ")
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--train-src", "a", "--train-tgt", "b", "--epoch", "3"])
+    assert info.value.code == 2 and "unrecognized arguments: --epoch" in capsys.readouterr().err
+    for command, flags in (("evaluate", ["--src", "--ref"]), ("export", ["--run", "--output"]),
+                           ("demo", ["--output-dir", "--epochs", "--train-pairs"])):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for flag in flags:
+            line = next(line for line in text.splitlines() if line.strip().startswith(flag))
+            described = text.split(line, 1)[1].splitlines()[0].strip() or line.split(None, 2)[-1]
+            assert len(described) > 5, (command, flag, text)
+    assert "(default: runs/demo)" in text

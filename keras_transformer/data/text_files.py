@@ -29,8 +29,8 @@ def read_lines(path):
 
     Lines are split on `"\\n"` only (as `tf.data.TextLineDataset` does, so
     both give the same line count); the line terminator (`"\\n"` or
-    `"\\r\\n"`) is stripped and nothing else, so leading/trailing spaces are
-    kept.
+    `"\\r\\n"`) is stripped, and so is a byte-order mark (U+FEFF) that
+    starts the file; leading/trailing spaces are kept.
 
     Args:
         path: str or path-like. Files whose name ends with `.gz` are
@@ -66,15 +66,20 @@ def read_text_lines(stream, name, expected="UTF-8 text, one sentence per line"):
         expected: str, what to pass instead, for the error message.
 
     Returns:
-        list of `str`, one per line, without `"\\n"` or `"\\r\\n"`.
+        list of `str`, one per line, without `"\\n"` or `"\\r\\n"`, and
+        without the byte-order mark (U+FEFF) that some editors write at the
+        start of a UTF-8 file.
 
     Raises:
         ValueError: if the stream is not UTF-8 text (naming `name`).
     """
     try:
-        return [line.rstrip("\n").removesuffix("\r") for line in stream]
+        lines = [line.rstrip("\n").removesuffix("\r") for line in stream]
     except UnicodeDecodeError as error:
         raise ValueError(f"{name} is not UTF-8 text ({error.reason}); pass {expected}.") from None
+    if lines:
+        lines[0] = lines[0].removeprefix("\ufeff")
+    return lines
 
 
 def read_parallel(src_path, tgt_path):
