@@ -98,6 +98,9 @@ def _add_training_args(parser):
                         help="validation BLEU (greedy) every N epochs, logged as val_bleu (default: 0, off)")
     parser.add_argument("--checkpoint-metric", default=defaults.checkpoint_metric, choices=["val_loss", "val_bleu"],
                         help="what chooses RUN/best.keras (default: %(default)s)")
+    parser.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                        help="also save the training state every N steps (a killed run loses at most N; "
+                             "the resumed epoch starts its data over)")
     parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                         help="do not write TensorBoard logs to RUN/tensorboard")
     parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")

@@ -104,6 +104,10 @@ class TrainingConfig:
             log it as `val_bleu` (0: never).
         checkpoint_metric: `"val_loss"` or `"val_bleu"` (needs `bleu_every`):
             what chooses `best.keras`.
+        checkpoint_every: also save the training state every N steps
+            (None: at epoch ends only), so a killed run loses at most N
+            steps; the resumed epoch starts its data over, with the weights
+            and optimizer state of the last save.
         tensorboard: write TensorBoard logs to `<output_dir>/tensorboard`
             (`tensorboard --logdir <output_dir>/tensorboard` shows them).
     """
@@ -144,6 +148,7 @@ class TrainingConfig:
     bleu_every: int = 0
     checkpoint_metric: str = "val_loss"
     tensorboard: bool = True
+    checkpoint_every: int = None
 
     @classmethod
     def from_file(cls, path, **overrides):
@@ -318,7 +323,7 @@ def _check_settings(config, model_config):
             f"--shared-vocab trains one vocabulary, but src_vocab_size={config.src_vocab_size} and "
             f"tgt_vocab_size={config.tgt_vocab_size} differ; give them one value."
         )
-    for name in ("keep_checkpoints", "average_last", "early_stopping_patience"):
+    for name in ("keep_checkpoints", "average_last", "early_stopping_patience", "checkpoint_every"):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
@@ -581,7 +586,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         # double_checkpoint keeps the previous backup if a save is cut off.
         keras.callbacks.BackupAndRestore(
             os.path.join(out, "checkpoints"),
-            save_freq="epoch",
+            save_freq=config.checkpoint_every or "epoch",
             double_checkpoint=True,
             delete_checkpoint=False,
         ),

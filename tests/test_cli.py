@@ -545,3 +545,37 @@ def test_version_help_and_no_abbreviations(capsys):
             described = text.split(line, 1)[1].splitlines()[0].strip() or line.split(None, 2)[-1]
             assert len(described) > 5, (command, flag, text)
     assert "(default: runs/demo)" in text
+
+
+@pytest.mark.slow
+def test_checkpoint_every_n_steps_keeps_the_steps_of_a_killed_epoch(tmp_path, monkeypatch):
+    """Killed after 5 steps of its first epoch, a run with
+    `--checkpoint-every 3` resumes from the state after step 3: its
+    optimizer has made 3 more updates by the end than a run killed the same
+    way without it (which starts again from nothing)."""
+    import keras_transformer.training as training
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=200, n_val=10, seed=6)
+    steps_taken = {}
+    for every in (None, 3):
+        run = tmp_path / f"run-{every}"
+        args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+                "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1", "--max-length", "24",
+                "--src-vocab-size", "100", "--tgt-vocab-size", "100", "--tokens-per-batch", "512",
+                "--warmup-steps", "5", "--epochs", "1", *(["--checkpoint-every", str(every)] if every else [])]
+        original = training._Timer.on_train_batch_end
+
+        def killed(self, batch, logs=None):
+            original(self, batch, logs)
+            if self.steps == 5:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(training._Timer, "on_train_batch_end", killed)
+        with pytest.raises(SystemExit):
+            main(args)
+        monkeypatch.setattr(training._Timer, "on_train_batch_end", original)
+        model, *_ = training.train(training.TrainingConfig(**{
+            **json.load(open(run / "config.json"))["training"]}), verbose=0)
+        steps_taken[every] = int(model.optimizer.iterations.numpy())
+    assert steps_taken[3] - steps_taken[None] == 3, steps_taken
