@@ -267,3 +267,29 @@ def test_empty_corpus_is_a_clear_error(tmp_path):
         make_dataset(str(tmp_path / "a.en"), str(tmp_path / "a.de"), tok, tok)
     with pytest.raises(ValueError, match="no sentence pair"):
         make_dataset(["", " "], ["x", ""], tok, tok)
+
+
+def test_fit_makes_one_optimizer_step_per_batch():
+    """`fit` on `make_dataset`'s batches made one step more per epoch than
+    it ran batches (15 batches, 16 iterations), so the warm-up and Adam's
+    bias correction ran ahead; the dataset now declares its length, and
+    iterations equal batches run, with a shuffle and over epochs."""
+    import keras
+
+    import keras_transformer as kt
+    from keras_transformer.data.synthetic import make_synthetic_corpus
+
+    english, german = make_synthetic_corpus(300, seed=7)
+    src = kt.train_subword_tokenizer(english, 100)
+    tgt = kt.train_subword_tokenizer(german, 100)
+    ds = kt.make_dataset(english, german, src, tgt, max_length=24, tokens_per_batch=512, seed=1)
+    batches = sum(1 for _ in ds)
+    assert int(ds.cardinality()) == batches == sum(1 for _ in ds)  # the same after a reshuffle
+    model = kt.build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=16,
+                                 num_heads=2, dff=32, max_length=24)
+    model.compile(kt.Adam(1e-3), kt.MaskedSparseCategoricalCrossentropy())
+    seen = []
+    model.fit(ds, epochs=2, verbose=0, callbacks=[keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(batch))])
+    assert len(seen) == 2 * batches
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * batches

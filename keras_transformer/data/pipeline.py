@@ -307,6 +307,7 @@ def make_dataset(
     )
     if cache:
         ds = ds.cache()
+    examples = ds
     if shuffle:
         buffer = shuffle_buffer_size or max(len(src_lines), 1)
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -318,9 +319,10 @@ def make_dataset(
         tf.constant(tgt_pad, tf.int32),
         tf.constant(tgt_pad, tf.int32),
     )
-    if bucket_boundaries is None:
-        ds = ds.padded_batch(batch_size, padding_values=padding_values)
-    else:
+
+    def batched(ds):
+        if bucket_boundaries is None:
+            return ds.padded_batch(batch_size, padding_values=padding_values)
         uppers = [b - 1 for b in bucket_boundaries] + [max_length]
         if tokens_per_batch is None:
             batch_sizes = [batch_size] * len(uppers)
@@ -328,7 +330,7 @@ def make_dataset(
             batch_sizes = [
                 max(1, tokens_per_batch // max(1, upper)) for upper in uppers
             ]
-        ds = ds.bucket_by_sequence_length(
+        return ds.bucket_by_sequence_length(
             element_length_func=lambda src, dec, lab: tf.maximum(
                 tf.shape(src)[0], tf.shape(dec)[0]
             ),
@@ -337,6 +339,16 @@ def make_dataset(
             padding_values=padding_values,
             pad_to_bucket_boundary=pad_to_bucket_boundary,
         )
+
+    ds = batched(ds)
+    if not repeat:
+        # The batches' number does not depend on the order (each bucket
+        # gives ceil(examples / batch size)): counted once, without the
+        # shuffle, and declared. With an unknown length, Keras's `fit` makes
+        # one optimizer step more per epoch than it runs batches (the
+        # warm-up and Adam's bias correction would run ahead).
+        count = int(batched(examples).reduce(0, lambda n, _: n + 1))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
 
     if batch_multiple > 1:
         # Data-parallel training splits each batch evenly over the devices:
