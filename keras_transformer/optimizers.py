@@ -25,7 +25,12 @@ class Adam(keras.optimizers.Adam):
     torch-native Adam for `keras.optimizers.Adam` itself only (the same
     formula, equal up to float32 rounding). Weight decay, gradient
     clipping, gradient accumulation, EMA and loss scaling are Keras's and
-    apply as they do there.
+    apply as they do there, but for one thing: with
+    `gradient_accumulation_steps=k`, `iterations` counts optimizer updates
+    (one per `k` batches), and the learning-rate schedule and the bias
+    correction's `t` follow it, so that `k` accumulated batches of `n` train
+    as one batch of `k * n` (Keras's own Adam counts batches: the warm-up
+    would end `k` times early).
 
     Args:
         As `keras.optimizers.Adam`: `learning_rate` (float or
@@ -47,6 +52,19 @@ class Adam(keras.optimizers.Adam):
         algorithm 1 with the efficiency note of section 2 (the epsilon-hat
         form above); Vaswani et al. (2017), section 5.3.
     """
+
+    @property
+    def iterations(self):
+        """Optimizer updates so far: the batches seen, or with
+        `gradient_accumulation_steps=k` the batches divided by `k`."""
+        if self.gradient_accumulation_steps:
+            return self._iterations // self.gradient_accumulation_steps
+        return self._iterations
+
+    def _get_current_learning_rate(self):
+        if isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
 
     def update_step(self, gradient, variable, learning_rate):
         if (

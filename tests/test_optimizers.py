@@ -146,3 +146,30 @@ def test_one_adam_step_on_repeated_tokens_uses_their_summed_gradient(optimizer_c
     got = keras.ops.convert_to_numpy(layer.embeddings)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     assert np.abs(got - table)[1].min() > 0.09  # a full step of about lr
+
+
+def test_accumulated_batches_equal_one_large_batch_with_the_schedule():
+    """`gradient_accumulation_steps=3` over batches of 4 trains as batches
+    of 12 (1e-5), the warm-up schedule included: the schedule and the bias
+    correction count optimizer updates, not batches (Keras's count ended
+    the warm-up 3x early)."""
+    import keras_transformer as kt
+
+    rng = np.random.default_rng(0)
+    x = {"encoder_inputs": rng.integers(4, 30, (24, 6)).astype("int32"),
+         "decoder_inputs": rng.integers(4, 30, (24, 5)).astype("int32")}
+    y = rng.integers(4, 30, (24, 5)).astype("int32")  # no padding: equal token counts
+    weights = {}
+    for name, batch_size, accumulate in (("large", 12, None), ("accumulated", 4, 3)):
+        keras.utils.set_random_seed(1)
+        model = kt.build_transformer(30, 30, num_layers=1, d_model=16, num_heads=2, dff=32,
+                                     dropout_rate=0.0, max_length=8)
+        # scale=0.03: rates near 1e-3, where float32 rounding stays below 1e-5.
+        schedule = kt.WarmupSchedule(d_model=16, warmup_steps=4, scale=0.03)
+        model.compile(kt.Adam(schedule, gradient_accumulation_steps=accumulate),
+                      kt.MaskedSparseCategoricalCrossentropy())
+        model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+        assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2
+        weights[name] = model.get_weights()
+    for large, accumulated in zip(weights["large"], weights["accumulated"]):
+        np.testing.assert_allclose(accumulated, large, rtol=1e-5, atol=1e-5)
