@@ -3,6 +3,7 @@
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.packing import pack_source
@@ -265,10 +266,13 @@ class Translator(tf.Module):
         )
 
     def attention(self, text):
-        """Greedy translation of one sentence with its cross-attention weights.
+        """The translation of one sentence with its cross-attention weights.
 
-        The weights are those of the last decoder layer, per head, as in the
-        paper's figures and the TF tutorial.
+        The translation is this translator's own (beam search or greedy, as
+        `__call__` gives it); the weights are those of the last decoder
+        layer, per head, as in the paper's figures and the TF tutorial, for
+        each output token, found by running the decoder on that translation
+        (teacher forcing, with the cache).
 
         Args:
             text: `str`, one source sentence.
@@ -280,17 +284,27 @@ class Translator(tf.Module):
             array `(num_heads, len(output_tokens), len(source_tokens))`.
         """
         source_ids = self.encode_source(tf.constant([text]))
-        kwargs = self._search_kwargs()
-        tokens, _, weights = greedy_search(self._parts, source_ids, return_attention=True, **kwargs)
-        tokens = tokens.numpy()[0].tolist()
+        tokens = self.translate_ids(source_ids)[0].numpy()[0, 0].tolist()
         end = self.tgt_tokenizer.end_id
         n = tokens.index(end) + 1 if end in tokens else len(tokens)
+        parts = self._parts
+        encoder_outputs, encoder_mask = parts.encode(source_ids)
+        cross = parts.cross_caches(encoder_outputs)
+        caches = parts.empty_self_caches(1, parts.max_length, encoder_outputs.dtype)
+        rows = []
+        for index, token in enumerate([self.tgt_tokenizer.start_id] + tokens[: n - 1]):
+            _, caches, weights = parts.decode_step(
+                tf.constant([token], tf.int32), index, caches, cross, encoder_mask,
+                return_attention_scores=True,
+            )
+            rows.append(tf.cast(weights, tf.float32).numpy()[0])  # (heads, source_length)
         source = source_ids.numpy()[0].tolist()
+        translation = self.tgt_tokenizer.detokenize(tf.constant(tokens)).numpy().decode("utf-8")
         return {
             "source_tokens": [self.src_tokenizer.id_to_piece(i) for i in source],
             "output_tokens": [self.tgt_tokenizer.id_to_piece(i) for i in tokens[:n]],
-            "translation": self.tgt_tokenizer.detokenize(tf.constant(tokens)).numpy().decode("utf-8"),
-            "weights": weights.numpy()[0, :n].transpose(1, 0, 2),
+            "translation": translation.strip(),
+            "weights": np.stack(rows, axis=1),
         }
 
     def translate_batch(self, text, n_best=1):

@@ -380,3 +380,27 @@ def test_the_unknown_id_is_kept_out_of_translations_unless_allowed(exported):
         assert not any("\u2047" in text for text in texts), texts
         allowed = Translator(model, src, tgt, beam_size=beam_size, allow_unk=True)
         assert all("\u2047" in t.decode("utf-8") for t in allowed(INPUTS).numpy())
+
+
+def test_attention_belongs_to_the_translation_that_is_returned(exported):
+    """`Translator.attention` (behind `translate --plot-attention`) gives the
+    translator's own translation, the beam search's with beam search (it was
+    always the greedy one), and its weights: for greedy decoding the same as
+    the search recorded; each row a distribution over the source."""
+    from keras_transformer.decoding.greedy import greedy_search
+
+    translators, _ = exported
+    for name in ("beam", "greedy"):
+        translator = translators[name]
+        for text in INPUTS:
+            found = translator.attention(text)
+            assert found["translation"] == translator([text]).numpy()[0].decode("utf-8")
+            weights = found["weights"]
+            assert weights.shape == (4, len(found["output_tokens"]), len(found["source_tokens"]))
+            np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    greedy = translators["greedy"]
+    source_ids = greedy.encode_source(tf.constant([INPUTS[1]]))
+    _, _, recorded = greedy_search(greedy._parts, source_ids, return_attention=True, **greedy._search_kwargs())
+    found = greedy.attention(INPUTS[1])
+    n = len(found["output_tokens"])
+    np.testing.assert_allclose(found["weights"], recorded.numpy()[0, :n].transpose(1, 0, 2), atol=1e-5)
