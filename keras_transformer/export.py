@@ -13,6 +13,7 @@ from keras_transformer.precision import with_dtype_policy
 # builds that link tensorflow-text (the official image does) and a Python
 # process that runs `import tensorflow_text` have them.
 TENSORFLOW_TEXT_OPS = (
+    "NormalizeUTF8",
     "SentencepieceOp",
     "SentencepieceTokenizeOp",
     "SentencepieceDetokenizeOp",

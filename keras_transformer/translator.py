@@ -12,6 +12,7 @@ from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.precision import compute_dtype
+from keras_transformer.tokenizers.normalization import normalize_text
 from keras_transformer.precision import with_dtype_policy
 
 
@@ -319,7 +320,7 @@ class Translator(tf.Module):
         # Stripped: an output of pieces that detokenize to spaces (an
         # undertrained model) must not come back padded with blanks.
         texts = tf.strings.strip(tf.reshape(self.tgt_tokenizer.detokenize(flat), (shape[0], shape[1])))
-        blank = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)[:, None]
+        blank = tf.equal(tf.strings.length(normalize_text(text)), 0)[:, None]
         texts = tf.where(blank, tf.constant("", tf.string), texts)
         scores = tf.where(blank, tf.zeros_like(scores), scores)
         return texts, scores

@@ -65,12 +65,14 @@ def test_special_ids_and_pieces(tokenizer):
 
 
 def test_round_trip_is_lossless_on_training_text(tokenizer, corpus):
+    """Lossless on normalized text; irregular whitespace comes back in its
+    normalized form (issue 17: whitespace variants tokenize alike)."""
     sentences = corpus[:200] + ["Der  Hund   läuft. ", "Hello World"]
     ids = tokenizer.tokenize(sentences)
     assert isinstance(ids, tf.RaggedTensor)
     assert ids.dtype == tf.int32
     decoded = [s.decode("utf-8") for s in tokenizer.detokenize(ids).numpy()]
-    assert decoded == sentences
+    assert decoded == corpus[:200] + ["Der Hund läuft.", "Hello World"]
 
 
 def test_tokenize_adds_no_special_ids(tokenizer):
@@ -356,7 +358,9 @@ def test_round_trip_is_lossless_on_multi30k():
         for sentences in (train[:500], val):
             ids = tok.tokenize(sentences)
             decoded = [s.decode("utf-8") for s in tok.detokenize(ids).numpy()]
-            mismatches = [(a, b) for a, b in zip(sentences, decoded) if a != b]
+            # Lossless up to the input normalization (the corpus has a few
+            # doubled spaces, which come back single): nothing else changes.
+            mismatches = [(a, b) for a, b in zip(sentences, decoded) if " ".join(a.split()) != b]
             assert mismatches == [], mismatches[:3]
         # Subwords, not characters: a sentence is a few pieces per word.
         words = sum(len(s.split()) for s in val)

@@ -37,6 +37,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.data.text_files import read_lines
+from keras_transformer.tokenizers.normalization import prepare_lines
+from keras_transformer.tokenizers.normalization import prepare_text
 
 PAD_ID = 0
 UNK_ID = 1
@@ -253,9 +255,7 @@ class SubwordTokenizer(tf.Module):
                 f"strings. Received a tensor with shape {inputs.shape}. "
                 "Reshape it to `(batch,)` first."
             )
-        if self._lowercase:
-            inputs = tf.strings.lower(inputs, encoding="utf-8")
-        return self._tokenizer.tokenize(inputs)
+        return self._tokenizer.tokenize(prepare_text(inputs, self._lowercase))
 
     def __call__(self, inputs):
         """Same as `tokenize`."""
@@ -442,19 +442,6 @@ def _collect_sentences(data):
     return list(data)
 
 
-def _lowercase_sentences(sentences, chunk_size=8192):
-    # Same op as `SubwordTokenizer.tokenize`, so training and inference
-    # fold case identically (Python's `str.lower` differs on a few chars).
-    lowered = []
-    for start in range(0, len(sentences), chunk_size):
-        chunk = tf.constant(sentences[start : start + chunk_size], tf.string)
-        lowered.extend(
-            s.decode("utf-8")
-            for s in tf.strings.lower(chunk, encoding="utf-8").numpy()
-        )
-    return lowered
-
-
 def train_subword_tokenizer(
     data,
     vocab_size,
@@ -549,13 +536,12 @@ def train_subword_tokenizer(
             f"These trainer options are fixed by the library and cannot be "
             f"passed: {protected}. Use the function's own arguments."
         )
-    sentences = [s for s in _collect_sentences(data) if s.strip()]
+    # What `tokenize` will feed SentencePiece: the same TensorFlow ops.
+    sentences = [s for s in prepare_lines(_collect_sentences(data), lowercase) if s]
     if max_sentences is not None:
         sentences = sentences[: int(max_sentences)]
     if not sentences:
         raise ValueError("`data` holds no non-empty sentence to train on.")
-    if lowercase:
-        sentences = _lowercase_sentences(sentences)
 
     options = dict(
         pad_id=PAD_ID,
