@@ -566,6 +566,9 @@ def train(config, verbose=1):
 
 def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose):
     model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
+    if verbose:
+        print(f"Model: {model.count_params():,} parameters (preset {config.preset}, "
+              f"tie_embeddings={config.tie_embeddings})")
     schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     model.compile(
         optimizer=Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),

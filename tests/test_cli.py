@@ -475,6 +475,7 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Read 300 training pairs and 20 validation pairs; vocabularies: source" in out
     assert "(asked 150)" in out and f"Resuming {run} after epoch 2" in out
+    assert "parameters (preset tiny, tie_embeddings=none)" in out
 
 
 def test_bom_is_stripped_from_files(tmp_path):
