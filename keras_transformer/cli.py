@@ -68,7 +68,7 @@ def _add_training_args(parser):
         "lr_scale": "factor on the schedule's learning rate",
         "label_smoothing": "epsilon_ls of section 5.4",
     }
-    positive = ("batch_size", "epochs")
+    positive = ("batch_size", "epochs", "max_train_pairs")
     for name in ("max_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
                  "epochs", "warmup_steps", "seed", "max_train_pairs"):
         parser.add_argument("--" + name.replace("_", "-"), type=_positive_int if name in positive else int,
@@ -373,10 +373,12 @@ def cmd_average(args):
     from keras_transformer.checkpoints import select_checkpoints
     from keras_transformer.training import load_run
 
+    model = load_run(args.run, which="last")[0]  # first: says so when it is not a run
     paths = select_checkpoints(args.run, last=args.last, best=args.best, monitor=args.monitor)
-    model = load_run(args.run, which="last")[0]
-    average_checkpoints(model, paths)
     output = args.output or os.path.join(args.run, "averaged.keras")
+    if not output.endswith(".keras") or not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise ValueError(f"--output {output} must be a .keras file in an existing folder.")
+    average_checkpoints(model, paths)
     model.save(output)
     names = ", ".join(os.path.basename(p).split(".")[0] for p in paths)
     print(f"Averaged {names} into {output}")
@@ -482,8 +484,8 @@ def main(argv=None):
     which.add_argument("--best", type=_positive_int, help="the N best epoch checkpoints by --monitor")
     p.add_argument("--monitor", default="val_loss", choices=["val_loss", "loss", "val_bleu"],
                    help="what ranks checkpoints for --best (default: %(default)s)")
-    p.add_argument("--output", help="the .keras file to write (default: RUN/averaged.keras); "
-                                    "--checkpoint averaged then uses it")
+    p.add_argument("--output", help="the .keras file to write (default: RUN/averaged.keras, the "
+                                    "file that --checkpoint averaged reads)")
     p.set_defaults(func=cmd_average)
 
     p = commands.add_parser(

@@ -9,7 +9,8 @@ A run lives in one folder:
   with more `epochs`) continues from the last finished epoch;
 - `model.keras`: the weights after the latest epoch, `best.keras`: the best
   on validation loss;
-- `log.csv`: per-epoch losses, accuracies and learning rates.
+- `log.csv`: per-epoch losses and accuracies (and `val_bleu`); the
+  learning rate is in the TensorBoard logs.
 """
 
 import dataclasses
@@ -164,7 +165,7 @@ class TrainingConfig:
             ValueError: for a file that is not a JSON or YAML mapping, or an
                 unknown field (the message lists the known ones).
         """
-        return cls(**{**read_config_file(path), **overrides})
+        return cls(**{**read_config_file(path), **check_config_values(overrides, "overrides")})
 
     def model_config(self):
         """The `build_transformer` keyword arguments (without vocab sizes)."""
@@ -184,25 +185,55 @@ class TrainingConfig:
 
 
 def read_config_file(path):
-    """The `TrainingConfig` fields in the JSON or YAML file `path` (`.yaml`
-    or `.yml` is read as YAML), as a dict; see `TrainingConfig.from_file`."""
+    """The `TrainingConfig` fields in the JSON or YAML file `path` (read as
+    YAML, of which JSON is a subset), as a dict; see
+    `TrainingConfig.from_file`."""
     import yaml
 
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    as_yaml = path.endswith((".yaml", ".yml"))
     try:
-        values = yaml.safe_load(text) if as_yaml else json.loads(text)
-    except (ValueError, yaml.YAMLError) as error:  # ValueError: json's
-        raise ValueError(f"{path} is not valid {'YAML' if as_yaml else 'JSON'}: {error}") from None
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML or JSON: {error}") from None
     if isinstance(values, dict) and isinstance(values.get("training"), dict):
         values = values["training"]
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a mapping of TrainingConfig fields; got {type(values).__name__}.")
-    known = {field.name for field in dataclasses.fields(TrainingConfig)}
-    unknown = sorted(set(values) - known)
+    return check_config_values({str(k).replace("-", "_"): v for k, v in values.items()}, path)
+
+
+def check_config_values(values, where):
+    """`values` (a dict of `TrainingConfig` fields) if every name is a field
+    and every value has the field's type (None where the default is None).
+
+    Raises:
+        ValueError: naming the unknown fields, or the field with a value of
+            another type (a quoted "false" for a bool, say).
+    """
+    fields = {field.name: field for field in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{path} has unknown settings {unknown}; the known ones are {sorted(known)}.")
+        raise ValueError(f"{where} has unknown settings {unknown}; the known ones are {sorted(fields)}.")
+    for name, value in values.items():
+        kind, default = fields[name].type, fields[name].default
+        if value is None and default is None:
+            continue
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = True
+        if not ok:
+            raise ValueError(
+                f"{where}: `{name}` must be a {kind.__name__}; got {value!r} "
+                f"({type(value).__name__})" + (" (write true or false, unquoted)." if kind is bool else ".")
+            )
     return values
 
 
@@ -268,6 +299,11 @@ def load_run(output_dir, which="best"):
                 ) from error
             break
     else:
+        if which == "averaged":
+            raise FileNotFoundError(
+                f"{output_dir} has no averaged.keras: make it with `keras-transformer average "
+                f"--run {output_dir} --last N` (or train with --average-last N)."
+            )
         raise FileNotFoundError(
             f"No trained model in {output_dir} (looked for {names}); "
             "run `keras-transformer train` first."
@@ -323,7 +359,13 @@ def _check_settings(config, model_config):
             f"--shared-vocab trains one vocabulary, but src_vocab_size={config.src_vocab_size} and "
             f"tgt_vocab_size={config.tgt_vocab_size} differ; give them one value."
         )
-    for name in ("keep_checkpoints", "average_last", "early_stopping_patience", "checkpoint_every"):
+    if config.bleu_every and keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "--bleu-every translates with the Translator, which needs the tensorflow backend; "
+            f"this process runs {keras.backend.backend()!r}. Drop --bleu-every, or train on tensorflow."
+        )
+    for name in ("keep_checkpoints", "average_last", "early_stopping_patience", "checkpoint_every",
+                 "max_train_pairs"):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
@@ -625,14 +667,18 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
             train_ds, validation_data=val_ds, epochs=config.epochs,
             callbacks=callbacks, verbose=verbose, shuffle=False,
         )
+    stopper = next((c for c in callbacks if isinstance(c, ResumableEarlyStopping)), None)
+    if verbose and stopper is not None and stopper.stopped_epoch:
+        print(f"Stopped early after epoch {stopper.stopped_epoch + 1}: {monitor} has not improved on "
+              f"{stopper.best:.4f} for {config.early_stopping_patience} epochs.")
     return _finish(config, model, out, src_tok, tgt_tok, verbose)
 
 
 def _finish(config, model, out, src_tok, tgt_tok, verbose, fit=True):
     """After training: `averaged.keras` from the last `average_last` epoch
     checkpoints, where asked for. Returns `(model, src_tok, tgt_tok)`."""
-    if not fit:
-        model.load_weights(os.path.join(out, "model.keras"))
+    if not fit:  # the weights alone (the optimizer of model.keras is not this one's)
+        model.set_weights(keras.saving.load_model(os.path.join(out, "model.keras"), compile=False).get_weights())
     if config.average_last:
         paths = select_checkpoints(out, last=config.average_last)
         trained = model.get_weights()

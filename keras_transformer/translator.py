@@ -500,9 +500,10 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64):
         translations, scores = found["translations"].numpy(), found["scores"].numpy()
         if translations.shape[1] < n:
             raise ValueError(
-                f"The search keeps {translations.shape[1]} hypotheses per sentence (its beam "
-                f"size), fewer than the {n} asked for: ask for at most {translations.shape[1]}, "
-                "or decode with a larger beam size."
+                f"The search keeps {translations.shape[1]} hypothesis(es) per sentence (its beam "
+                f"size), fewer than the {n} asked for: ask for at most {translations.shape[1]}, or "
+                "decode with a larger beam size (--beam-size with a run; a SavedModel keeps the "
+                "beam it was exported with: export it again)."
             )
         return [[(t.decode("utf-8"), float(s)) for t, s in zip(row_t[:n], row_s[:n])]
                 for row_t, row_s in zip(translations, scores)]

@@ -580,3 +580,50 @@ def test_checkpoint_every_n_steps_keeps_the_steps_of_a_killed_epoch(tmp_path, mo
             **json.load(open(run / "config.json"))["training"]}), verbose=0)
         steps_taken[every] = int(model.optimizer.iterations.numpy())
     assert steps_taken[3] - steps_taken[None] == 3, steps_taken
+
+
+def test_settings_that_would_silently_train_the_wrong_thing_are_refused(tmp_path, monkeypatch, capsys):
+    """From a new-user trial: `--max-train-pairs 0` trained on everything
+    and -90 on all but 90 pairs; a quoted "false" in YAML turned a bool on;
+    `--bleu-every` on jax failed only after an epoch. Each is refused before
+    any work; hyphenated keys and YAML in a .txt file are read."""
+    import keras_transformer.training as training
+    from keras_transformer.training import TrainingConfig, read_config_file
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=40, n_val=10, seed=7)
+    base = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--output-dir", str(tmp_path / "run")]
+    for value in ("0", "-90"):
+        with pytest.raises(SystemExit):
+            main(base + ["--max-train-pairs", value])
+        assert "--max-train-pairs" in capsys.readouterr().err
+    config = tmp_path / "settings.txt"
+    config.write_text("shared_vocab: 'false'\n")
+    with pytest.raises(ValueError, match="`shared_vocab` must be a bool; got 'false'"):
+        read_config_file(str(config))
+    config.write_text("max-train-pairs: 5\nlowercase: true\nlr_scale: 1\n")
+    assert read_config_file(str(config)) == {"max_train_pairs": 5, "lowercase": True, "lr_scale": 1}
+    config.write_text("max_train_pairs: -5\n")
+    with pytest.raises(SystemExit):
+        main(base + ["--config", str(config)])
+    assert "`max_train_pairs` must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"unknown settings \['epoch'\]"):
+        TrainingConfig.from_file(str(tmp_path / "settings.txt"), epoch=3)
+    monkeypatch.setattr(training.keras.backend, "backend", lambda: "jax")
+    with pytest.raises(ValueError, match="needs the tensorflow backend"):
+        training.train(TrainingConfig(str(data / "train.en"), str(data / "train.de"),
+                                      val_src=str(data / "val.en"), val_tgt=str(data / "val.de"),
+                                      output_dir=str(tmp_path / "jax-run"), bleu_every=1))
+    assert not (tmp_path / "jax-run").exists()
+
+
+def test_averaging_mistakes_get_the_right_advice(tmp_path, capsys):
+    from keras_transformer.training import load_run
+
+    (tmp_path / "config.json").write_text('{"training": {}, "model": {}}')
+    with pytest.raises(FileNotFoundError, match="keras-transformer average --run"):
+        load_run(str(tmp_path), which="averaged")
+    with pytest.raises(SystemExit):
+        main(["average", "--run", str(tmp_path / "missing"), "--last", "2"])
+    assert "is not a training run folder" in capsys.readouterr().err
