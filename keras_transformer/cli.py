@@ -166,10 +166,7 @@ def _translator_object(args):
 
 def _translate_fn(args):
     """A `(batch,) tf.string -> (batch,) tf.string` function for the args."""
-    if getattr(args, "saved_model", None):
-        _check_saved_model_args(args)
-        return _load_saved_model(args.saved_model)
-    translator = _translator(args)
+    translator = _translator_object(args)
     return lambda batch: translator.serve(batch)["translation"]
 
 
@@ -418,19 +415,17 @@ def main(argv=None):
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
 
-    class commands:  # every command: defaults shown in --help, no abbreviated options
-        @staticmethod
-        def add_parser(name, **kwargs):
-            return subparsers.add_parser(
-                name, allow_abbrev=False, formatter_class=_HelpFormatter,
-                description=kwargs.get("help"), **kwargs,
-            )
+    def add_command(name, **kwargs):  # defaults shown in --help, no abbreviated options
+        return subparsers.add_parser(
+            name, allow_abbrev=False, formatter_class=_HelpFormatter,
+            description=kwargs.get("help"), **kwargs,
+        )
 
-    p = train_parser = commands.add_parser("train", help="train (or resume) a model on aligned text files")
+    p = train_parser = add_command("train", help="train (or resume) a model on aligned text files")
     _add_training_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = commands.add_parser("evaluate", help="sacreBLEU and chrF of a run or SavedModel on a test set")
+    p = add_command("evaluate", help="sacreBLEU and chrF of a run or SavedModel on a test set")
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--run", help="run folder written by train")
     model.add_argument("--saved-model", help="exported SavedModel folder")
@@ -441,7 +436,7 @@ def main(argv=None):
     _decoding_args(p)
     p.set_defaults(func=cmd_evaluate)
 
-    p = commands.add_parser("translate", help="translate TEXT arguments or stdin lines")
+    p = add_command("translate", help="translate TEXT arguments or stdin lines")
     p.add_argument("text", nargs="*")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="run folder written by train")
@@ -460,7 +455,7 @@ def main(argv=None):
     _decoding_args(p)
     p.set_defaults(func=cmd_translate)
 
-    p = commands.add_parser("export", help="write a SavedModel that translates strings")
+    p = add_command("export", help="write a SavedModel that translates strings")
     p.add_argument("--run", required=True, help="run folder written by train")
     p.add_argument("--output", required=True, help="SavedModel folder to write")
     p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
@@ -470,14 +465,14 @@ def main(argv=None):
     _decoding_args(p, batches=False)
     p.set_defaults(func=cmd_export)
 
-    p = commands.add_parser("demo", help="generate data, train, export and translate (no network, CPU)")
+    p = add_command("demo", help="generate data, train, export and translate (no network, CPU)")
     p.add_argument("--output-dir", default="runs/demo",
                    help="where the corpus (data/), the run (run/) and the SavedModel (saved_model/) go")
     p.add_argument("--epochs", type=_positive_int, default=12, help="training epochs")
     p.add_argument("--train-pairs", type=_positive_int, default=6000, help="generated training pairs")
     p.set_defaults(func=cmd_demo)
 
-    p = commands.add_parser("average", help="average a run's epoch checkpoints into one model")
+    p = add_command("average", help="average a run's epoch checkpoints into one model")
     p.add_argument("--run", required=True, help="run folder written by train")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--last", type=_positive_int, help="the latest N epoch checkpoints")
@@ -488,7 +483,7 @@ def main(argv=None):
                                     "file that --checkpoint averaged reads)")
     p.set_defaults(func=cmd_average)
 
-    p = commands.add_parser(
+    p = add_command(
         "build-kernels",
         help="compile the fused CPU training kernels for this machine (cached; train runs it too)",
     )
