@@ -39,7 +39,7 @@ def _non_negative_float(text):
 
 def _add_training_args(parser):
     from keras_transformer.precision import PRECISIONS
-    from keras_transformer.training import TrainingConfig
+    from keras_transformer.config import TrainingConfig
 
     defaults = TrainingConfig(train_src="", train_tgt="")
     parser.add_argument("--config", metavar="FILE",
@@ -160,8 +160,10 @@ def _translator_object(args):
         from keras_transformer.loading import SavedModelTranslator
 
         _check_saved_model_args(args)
-        return SavedModelTranslator(args.saved_model)
-    return _translator(args)
+        with _quiet_native_stderr():
+            return SavedModelTranslator(args.saved_model)
+    with _quiet_native_stderr():
+        return _translator(args)
 
 
 def _translate_fn(args):
@@ -188,7 +190,7 @@ def _translator(args):
 def _apply_config_file(parser, argv):
     """Make the values of `train --config FILE` the train parser's
     defaults, so that flags on the command line override them."""
-    from keras_transformer.training import read_config_file
+    from keras_transformer.config import read_config_file
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
@@ -402,6 +404,65 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+# Lines TensorFlow's C++ runtime prints to stderr while it is imported, before
+# its logging is set up (so TF_CPP_MIN_LOG_LEVEL cannot hide them): start-up
+# notices about CUDA drivers, CPU instructions and oneDNN that say nothing
+# about the command's work.
+_START_UP_NOISE = (
+    "All log messages before absl::InitializeLog()",
+    "cudart_stub.cc",
+    "cuda_executor.cc",
+    "cuda_diagnostics.cc",
+    "failed call to cuInit",
+    "Unable to register cu",
+    "cpu_feature_guard.cc",
+    "To enable the following instructions",
+    "oneDNN custom operations are on",
+    "oneDNN supports DT_",
+    "computation placer already registered",
+    "TF-TRT Warning",
+    "cuda_platform.cc",
+    "precompiled_charsmap is empty",
+)
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Capture what native code writes to stderr (file descriptor 2) in the
+    block, then write back every line but TensorFlow's and SentencePiece's
+    start-up notices (`_START_UP_NOISE`)."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", "replace")
+            kept = [line for line in text.splitlines()
+                    if line.strip() and not any(noise in line for noise in _START_UP_NOISE)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr)
+
+
+def _import_backend_quietly():
+    """Import TensorFlow and Keras, and let TensorFlow look for devices, with
+    their start-up notices left out."""
+    if "tensorflow" in sys.modules:
+        return
+    with _quiet_native_stderr():
+        import keras  # noqa: F401
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+
+
 def _version():
     from keras_transformer import __version__
 
@@ -496,6 +557,7 @@ def main(argv=None):
         _apply_config_file(train_parser, argv[1:])
     args = parser.parse_args(argv)
     try:
+        _import_backend_quietly()
         args.func(args)
     except KeyboardInterrupt:
         if args.command != "train":

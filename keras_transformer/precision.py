@@ -31,8 +31,6 @@ bits of mantissa.
 
 import os
 
-import keras
-
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 
 # When set, replaces every "auto" (the `train` default included).
@@ -68,6 +66,8 @@ def cpu_has_bfloat16(cpuinfo="/proc/cpuinfo"):
 
 
 def _has_gpu():
+    import keras
+
     if keras.backend.backend() != "tensorflow":
         return False
     from keras_transformer import kernels
@@ -91,6 +91,8 @@ def resolve_precision(precision="auto", d_model=None):
         ValueError: for a name not in `PRECISIONS`, given or read from the
             environment variable (the message names which).
     """
+    import keras
+
     if precision == "auto":
         chosen = os.environ.get(ENVIRONMENT_VARIABLE, "auto") or "auto"
         if chosen not in PRECISIONS:
@@ -127,6 +129,8 @@ def precision_source(precision):
 
 def compute_dtype(model):
     """The compute dtype of `model`'s layers, or "mixed" when they differ."""
+    import keras
+
     dtypes = {
         layer.dtype_policy.compute_dtype
         for layer in model.layers
@@ -146,6 +150,8 @@ def with_dtype_policy(model, policy, weights=None):
     Returns:
         A new functional model with `model`'s layer names and weights.
     """
+    import keras
+
 
     def clone(layer):
         config = layer.get_config()

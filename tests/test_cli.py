@@ -627,3 +627,29 @@ def test_averaging_mistakes_get_the_right_advice(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["average", "--run", str(tmp_path / "missing"), "--last", "2"])
     assert "is not a training run folder" in capsys.readouterr().err
+
+
+def test_help_does_not_start_tensorflow_and_commands_print_no_start_up_notices():
+    # Issue 17: --help imported TensorFlow (5-25 s) and every command printed
+    # 10-12 TensorFlow/absl start-up lines, two of them at error level.
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.argv = ['keras-transformer', '--help']\n"
+        "from keras_transformer.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'torch') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "[]"
+    assert "usage: keras-transformer" in out.stdout
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    run = subprocess.run(
+        [sys.executable, "-m", "keras_transformer.cli", "translate", "--saved-model",
+         os.path.join(os.path.dirname(__file__), "..", "saved_models", "multi30k-en-de"), "A dog runs."],
+        capture_output=True, text=True, env=env, check=True,
+    )
+    assert run.stdout.strip() == "Ein Hund rennt."
+    assert run.stderr == ""

@@ -1,0 +1,195 @@
+"""`TrainingConfig`: the settings of a training run, and reading them from a
+JSON or YAML file.
+
+This module imports neither Keras nor TensorFlow, so the command line can
+show its defaults in `--help` without starting a backend.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """What a training run needs; every field has a default but the data.
+
+    Attributes:
+        train_src, train_tgt: aligned training files (plain or `.gz`).
+        val_src, val_tgt: aligned validation files, or None.
+        output_dir: run folder (created; reused to resume).
+        preset: model size from `keras_transformer.models.PRESETS`.
+        num_layers, d_model, num_heads, dff, dropout_rate: preset overrides.
+        attention_dropout_rate: dropout on the attention weights (default
+            `dropout_rate`).
+        activation_dropout_rate: dropout on the feed-forward activation
+            (default 0).
+        tie_embeddings: `"none"`, `"target"` or `"all"`: which embeddings
+            share one matrix with the output projection (section 3.4; see
+            `build_transformer`). `"all"` needs `shared_vocab`.
+        shared_vocab: one SentencePiece model trained on both sides, used as
+            the source and the target tokenizer; its size is
+            `src_vocab_size`, which must then equal `tgt_vocab_size`.
+        max_length: longest source / target in subword tokens.
+        src_vocab_size, tgt_vocab_size: SentencePiece vocabulary sizes.
+        lowercase: lowercase the text before tokenizing.
+        tokens_per_batch: token budget per batch (per side), with length
+            bucketing; `batch_size` is used when it is None.
+        batch_size: sentences per batch when `tokens_per_batch` is None or 0.
+        epochs: passes over the training data.
+        warmup_steps, lr_scale: `WarmupSchedule` (section 5.3).
+        label_smoothing: epsilon of section 5.4 (0.1 in the paper).
+        seed: random seed.
+        jit_compile: XLA for the train step (`"auto"` lets Keras choose).
+        distribution: None (one device), `"data_parallel"` (all local
+            devices) or `"multi_worker"` (several hosts); see
+            `keras_transformer.distribution`. The global batch is what
+            `tokens_per_batch` / `batch_size` say.
+        precision: `"auto"` (default), `"float32"`, `"mixed_bfloat16"` or
+            `"mixed_float16"`; see `keras_transformer.precision`. `"auto"`
+            is `"mixed_bfloat16"` on the tensorflow backend on a CPU with
+            bfloat16 instructions for a `d_model` of 256 or more,
+            `"float32"` elsewhere. `config.json` records the policy used
+            (`model.dtype`).
+        max_train_pairs: use only the first N pairs (smoke runs).
+        keep_checkpoints: epoch checkpoints kept in `epochs/` (the latest N
+            and the N best by `checkpoint_metric`), for averaging.
+        average_last: after training, average the last N epoch checkpoints
+            into `averaged.keras` (None: no averaging); see
+            `keras_transformer.checkpoints`.
+        early_stopping_patience: stop after this many epochs without a
+            lower validation loss (None: run every epoch); resumable.
+        bleu_every: compute the validation BLEU (greedy) every N epochs and
+            log it as `val_bleu` (0: never).
+        checkpoint_metric: `"val_loss"` or `"val_bleu"` (needs `bleu_every`):
+            what chooses `best.keras`.
+        checkpoint_every: also save the training state every N steps
+            (None: at epoch ends only), so a killed run loses at most N
+            steps; the resumed epoch starts its data over, with the weights
+            and optimizer state of the last save.
+        tensorboard: write TensorBoard logs to `<output_dir>/tensorboard`
+            (`tensorboard --logdir <output_dir>/tensorboard` shows them).
+    """
+
+    train_src: str
+    train_tgt: str
+    val_src: str = None
+    val_tgt: str = None
+    output_dir: str = "runs/model"
+    preset: str = "small"
+    num_layers: int = None
+    d_model: int = None
+    num_heads: int = None
+    dff: int = None
+    dropout_rate: float = None
+    max_length: int = 64
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    lowercase: bool = False
+    tokens_per_batch: int = 4096
+    batch_size: int = 64
+    epochs: int = 20
+    warmup_steps: int = 1000
+    lr_scale: float = 0.5
+    label_smoothing: float = 0.1
+    seed: int = 0
+    jit_compile: object = False
+    distribution: str = None
+    precision: str = "auto"
+    max_train_pairs: int = None
+    attention_dropout_rate: float = None
+    activation_dropout_rate: float = None
+    tie_embeddings: str = "none"
+    shared_vocab: bool = False
+    keep_checkpoints: int = 5
+    average_last: int = None
+    early_stopping_patience: int = None
+    bleu_every: int = 0
+    checkpoint_metric: str = "val_loss"
+    tensorboard: bool = True
+    checkpoint_every: int = None
+
+    @classmethod
+    def from_file(cls, path, **overrides):
+        """A config from a JSON or YAML file, with `overrides` on top.
+
+        The file holds the fields of this class by name, either at the top
+        level or under `"training"` as a run's `config.json` records them, so
+        `TrainingConfig.from_file("runs/x/config.json", output_dir="runs/y")`
+        repeats run x into a new folder.
+
+        Raises:
+            FileNotFoundError: if `path` does not exist.
+            ValueError: for a file that is not a JSON or YAML mapping, or an
+                unknown field (the message lists the known ones).
+        """
+        return cls(**{**read_config_file(path), **check_config_values(overrides, "overrides")})
+
+    def model_config(self):
+        """The `build_transformer` keyword arguments (without vocab sizes)."""
+        from keras_transformer.models.presets import get_preset
+
+        config = get_preset(
+            self.preset,
+            num_layers=self.num_layers,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            dff=self.dff,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            activation_dropout_rate=self.activation_dropout_rate,
+        )
+        config["max_length"] = self.max_length
+        config["tie_embeddings"] = self.tie_embeddings
+        return config
+
+
+def read_config_file(path):
+    """The `TrainingConfig` fields in the JSON or YAML file `path` (read as
+    YAML, of which JSON is a subset), as a dict; see
+    `TrainingConfig.from_file`."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML or JSON: {error}") from None
+    if isinstance(values, dict) and isinstance(values.get("training"), dict):
+        values = values["training"]
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a mapping of TrainingConfig fields; got {type(values).__name__}.")
+    return check_config_values({str(k).replace("-", "_"): v for k, v in values.items()}, path)
+
+
+def check_config_values(values, where):
+    """`values` (a dict of `TrainingConfig` fields) if every name is a field
+    and every value has the field's type (None where the default is None).
+
+    Raises:
+        ValueError: naming the unknown fields, or the field with a value of
+            another type (a quoted "false" for a bool, say).
+    """
+    fields = {field.name: field for field in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"{where} has unknown settings {unknown}; the known ones are {sorted(fields)}.")
+    for name, value in values.items():
+        kind, default = fields[name].type, fields[name].default
+        if value is None and default is None:
+            continue
+        if kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is str:
+            ok = isinstance(value, str)
+        else:
+            ok = True
+        if not ok:
+            raise ValueError(
+                f"{where}: `{name}` must be a {kind.__name__}; got {value!r} "
+                f"({type(value).__name__})" + (" (write true or false, unquoted)." if kind is bool else ".")
+            )
+    return values
