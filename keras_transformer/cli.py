@@ -297,6 +297,12 @@ def cmd_translate(args):
 
 
 def cmd_export(args):
+    if args.format == "ctranslate2":
+        return _export_ctranslate2(args)
+    if args.saved_model or args.quantization:
+        flag = "--saved-model" if args.saved_model else "--quantization"
+        raise ValueError(f"{flag} applies to --format ctranslate2 only; a SavedModel is exported "
+                         "from a --run.")
     from keras_transformer.export import export_translator
 
     output = args.output.rstrip("/\\") or args.output
@@ -324,6 +330,23 @@ def cmd_export(args):
         shutil.rmtree(output)
         os.replace(staging, output)
     print(f"SavedModel written to {output}")
+
+
+def _export_ctranslate2(args):
+    from keras_transformer.ctranslate2_export import export_ctranslate2
+
+    if args.weights_dtype != "float32":
+        raise ValueError("--weights-dtype is for SavedModels; a CTranslate2 model takes "
+                         "--quantization (e.g. int8 or float16).")
+    given = [name for name in ("beam_size", "length_penalty", "jit_compile") if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags} do not apply to a CTranslate2 model: its search is chosen when "
+                         "translating (ctranslate2.Translator.translate_batch).")
+    with _quiet_native_stderr():
+        export_ctranslate2(args.run or args.saved_model, args.output, quantization=args.quantization,
+                           overwrite=args.overwrite, which=args.checkpoint or "best")
+    print(f"CTranslate2 model written to {args.output}")
 
 
 def cmd_demo(args):
@@ -516,9 +539,16 @@ def main(argv=None):
     _decoding_args(p)
     p.set_defaults(func=cmd_translate)
 
-    p = add_command("export", help="write a SavedModel that translates strings")
-    p.add_argument("--run", required=True, help="run folder written by train")
-    p.add_argument("--output", required=True, help="SavedModel folder to write")
+    p = add_command("export", help="write a SavedModel that translates strings, or a CTranslate2 model")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", help="run folder written by train")
+    model.add_argument("--saved-model", help="exported SavedModel folder (with --format ctranslate2)")
+    p.add_argument("--output", required=True, help="folder to write")
+    p.add_argument("--format", choices=["saved_model", "ctranslate2"], default="saved_model",
+                   help="a TensorFlow SavedModel (TF Serving), or a CTranslate2 model with its "
+                        "SentencePiece models (needs the ctranslate2 extra)")
+    p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
+                   help="CTranslate2 weight type (default: float32)")
     p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
                    help="float16 halves the SavedModel; computation stays float32")
     p.add_argument("--overwrite", action="store_true",

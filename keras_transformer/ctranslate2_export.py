@@ -1,0 +1,380 @@
+"""Convert a trained model to a CTranslate2 model, and translate with it.
+
+CTranslate2 (OpenNMT's C++ inference engine for Transformers on CPUs and
+GPUs) decodes the same weights with its own kernels. `export_ctranslate2`
+writes a CTranslate2 model folder from a run folder, a SavedModel written by
+`export_translator`, or a `Translator`; `CTranslate2Translator` translates
+strings with it, tokenizing with the run's SentencePiece models and the same
+input normalisation as `Translator`.
+
+A faithful conversion needs the model's own details, not CTranslate2's
+defaults:
+
+- the position table of section 3.5 is passed explicitly (CTranslate2's
+  built-in table concatenates sines and cosines and starts at position 1;
+  ours interleaves them from position 0);
+- the LayerNorm epsilon is ours (1e-6 by default; CTranslate2 assumes 1e-5);
+- post-LN blocks (the paper's) or pre-LN blocks with final norms, as built;
+- tied embeddings are written as copies of the one matrix, the output
+  projection without bias;
+- the source ends with the end id (`add_source_eos`), the target starts
+  with the start id; the unknown, pad and start ids are never emitted.
+
+CTranslate2 is an optional dependency: `pip install "keras-transformer[ctranslate2]"`.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+
+from keras_transformer.layers.positional_embedding import sinusoidal_encoding
+
+METADATA_FILE = "keras_transformer.json"
+SOURCE_MODEL = "source.model"
+TARGET_MODEL = "target.model"
+QUANTIZATIONS = (None, "int8", "int8_float32", "int16", "float16")
+
+
+def _require_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ImportError(
+            "CTranslate2 is not installed; install it with "
+            "`pip install \"keras-transformer[ctranslate2]\"` (or `pip install ctranslate2`)."
+        ) from None
+    return ctranslate2
+
+
+class _Source:
+    """What a conversion reads: weights by name, sizes, tokenizers, ids."""
+
+    def __init__(self, weights, src_proto, tgt_proto, lowercase, special_ids, max_positions,
+                 layer_norm_epsilon=1e-6, activation="relu"):
+        self.weights = {name: np.asarray(value, dtype=np.float32) for name, value in weights.items()}
+        self.src_proto = src_proto
+        self.tgt_proto = tgt_proto
+        self.lowercase = bool(lowercase)
+        self.special_ids = special_ids
+        self.max_positions = int(max_positions)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = activation
+
+    def count(self, stack):
+        indices = {int(m.group(1)) for name in self.weights for m in [re.match(rf"{stack}_layer_(\d+)/", name)] if m}
+        return max(indices) + 1 if indices else 0
+
+
+def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
+    config = model.get_layer("encoder_layer_0").get_config()
+    positions = [layer.get_config().get("max_length") for layer in model.layers
+                 if layer.name.endswith("_embedding")]
+    return _Source(
+        {weight.path: keras_value(weight) for weight in model.weights},
+        src_tokenizer.proto,
+        tgt_tokenizer.proto,
+        src_tokenizer.lowercase,
+        _special_ids(tgt_tokenizer),
+        max(p for p in positions if p) if any(positions) else source_max_length,
+        layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
+        activation=config.get("activation", "relu"),
+    )
+
+
+def keras_value(weight):
+    import keras
+
+    return keras.ops.convert_to_numpy(weight.value)
+
+
+def _special_ids(tokenizer):
+    return {"pad_id": tokenizer.pad_id, "unk_id": tokenizer.unk_id,
+            "start_id": tokenizer.start_id, "end_id": tokenizer.end_id}
+
+
+def _from_saved_model(path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    with open(os.path.join(path, METADATA_FILE)) as f:
+        metadata = json.load(f)
+    loaded = tf.saved_model.load(path)
+    weights = {v.name.rsplit(":", 1)[0]: v.numpy() for v in loaded.variables}
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    src, tgt = (_sentencepiece_model(proto, name) for name in ("src_tokenizer", "tgt_tokenizer"))
+    ids = dict(metadata.get("special_ids", {}))
+    ids.setdefault("unk_id", 1)
+    model = metadata.get("model", {})
+    return _Source(
+        weights, src, tgt, metadata.get("lowercase", False), ids,
+        model.get("max_length") or metadata["decoding"]["source_max_length"],
+        layer_norm_epsilon=model.get("layer_norm_epsilon", 1e-6),
+        activation=model.get("activation", "relu"),
+    )
+
+
+def _sentencepiece_model(saved_model, child):
+    """The serialized SentencePiece model of the root's `child` tokenizer:
+    the `model` attribute of the `SentencepieceOp` in the function that
+    creates its resource (root -> child -> _tokenizer -> _model_resource)."""
+    meta = saved_model.meta_graphs[0]
+    nodes = meta.object_graph_def.nodes
+
+    def child_of(node_id, name):
+        for ref in nodes[node_id].children:
+            if ref.local_name == name:
+                return ref.node_id
+        raise ValueError(f"the SavedModel has no {name!r} under node {node_id}; was it written by "
+                         "keras_transformer's export_translator?")
+
+    node = child_of(child_of(child_of(child_of(0, child), "_tokenizer"), "_model_resource"), "_create_resource")
+    creators = set(nodes[node].function.concrete_functions)
+    for function in meta.graph_def.library.function:
+        if function.signature.name in creators:
+            for op in function.node_def:
+                if op.op == "SentencepieceOp":
+                    return op.attr["model"].s
+    raise ValueError(f"no SentencePiece model found for {child}")
+
+
+def _attention_kernel(kernel):
+    """`(d_model, heads, head_dim)` -> CTranslate2's `(heads * head_dim, d_model)`."""
+    return kernel.reshape(kernel.shape[0], -1).T
+
+
+def _set_norm(spec, weights, name):
+    spec.gamma = weights[f"{name}/gamma"]
+    spec.beta = weights[f"{name}/beta"]
+
+
+def _set_attention(spec, weights, prefix, self_attention):
+    q, k, v = (_attention_kernel(weights[f"{prefix}/{n}/kernel"]) for n in ("query", "key", "value"))
+    qb, kb, vb = (weights[f"{prefix}/{n}/bias"].reshape(-1) for n in ("query", "key", "value"))
+    out = weights[f"{prefix}/attention_output/kernel"]
+    if self_attention:
+        spec.linear[0].weight = np.concatenate([q, k, v])
+        spec.linear[0].bias = np.concatenate([qb, kb, vb])
+        last = spec.linear[1]
+    else:
+        spec.linear[0].weight, spec.linear[0].bias = q, qb
+        spec.linear[1].weight = np.concatenate([k, v])
+        spec.linear[1].bias = np.concatenate([kb, vb])
+        last = spec.linear[2]
+    last.weight = out.reshape(-1, out.shape[-1]).T.copy()
+    last.bias = weights[f"{prefix}/attention_output/bias"]
+
+
+def _set_feed_forward(spec, weights, prefix):
+    for linear, name in ((spec.linear_0, "feedforward_intermediate_dense"),
+                         (spec.linear_1, "feedforward_output_dense")):
+        linear.weight = weights[f"{prefix}/feedforward/{name}/kernel"].T.copy()
+        linear.bias = weights[f"{prefix}/feedforward/{name}/bias"]
+
+
+def _embedding_names(weights):
+    if "shared_embedding/token_embedding/embeddings" in weights:
+        name = "shared_embedding/token_embedding/embeddings"
+        return name, name
+    return ("encoder_embedding/token_embedding/embeddings", "decoder_embedding/token_embedding/embeddings")
+
+
+def _vocabulary(proto):
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())], processor
+
+
+def _build_spec(source):
+    _require_ctranslate2()
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec
+
+    weights = source.weights
+    activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    if source.activation not in activations:
+        raise ValueError(f"CTranslate2 export supports the relu and gelu activations; the model uses "
+                         f"{source.activation!r}.")
+    num_heads = weights["encoder_layer_0/self_attention/query/kernel"].shape[1]
+    norm_first = "encoder_final_norm/gamma" in weights
+    spec = transformer_spec.TransformerSpec.from_config(
+        (source.count("encoder"), source.count("decoder")), int(num_heads),
+        pre_norm=norm_first, activation=activations[source.activation],
+    )
+    src_name, tgt_name = _embedding_names(weights)
+    d_model = weights[src_name].shape[1]
+    table = sinusoidal_encoding(source.max_positions, d_model)
+    for stack, name in ((spec.encoder, src_name), (spec.decoder, tgt_name)):
+        embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
+        embeddings.weight = weights[name]
+        embeddings.multiply_by_sqrt_depth = True
+        stack.scale_embeddings = True
+        stack.position_encodings.encodings = table
+        if norm_first:
+            _set_norm(stack.layer_norm, weights, "encoder_final_norm" if stack is spec.encoder else "decoder_final_norm")
+    for i, layer in enumerate(spec.encoder.layer):
+        prefix = f"encoder_layer_{i}"
+        _set_attention(layer.self_attention, weights, f"{prefix}/self_attention", True)
+        _set_norm(layer.self_attention.layer_norm, weights, f"{prefix}/self_attention_layer_norm")
+        _set_feed_forward(layer.ffn, weights, prefix)
+        _set_norm(layer.ffn.layer_norm, weights, f"{prefix}/feedforward_layer_norm")
+    for i, layer in enumerate(spec.decoder.layer):
+        prefix = f"decoder_layer_{i}"
+        _set_attention(layer.self_attention, weights, f"{prefix}/self_attention", True)
+        _set_norm(layer.self_attention.layer_norm, weights, f"{prefix}/self_attention_layer_norm")
+        _set_attention(layer.attention, weights, f"{prefix}/cross_attention", False)
+        _set_norm(layer.attention.layer_norm, weights, f"{prefix}/cross_attention_layer_norm")
+        _set_feed_forward(layer.ffn, weights, prefix)
+        _set_norm(layer.ffn.layer_norm, weights, f"{prefix}/feedforward_layer_norm")
+    if "logits/kernel" in weights:
+        spec.decoder.projection.weight = weights["logits/kernel"].T.copy()
+        if "logits/bias" in weights:
+            spec.decoder.projection.bias = weights["logits/bias"]
+    else:  # tied: the decoder's embedding matrix is the output projection
+        spec.decoder.projection.weight = weights[tgt_name]
+    src_vocab, _ = _vocabulary(source.src_proto)
+    tgt_vocab, _ = _vocabulary(source.tgt_proto)
+    ids = source.special_ids
+    spec.config.unk_token = tgt_vocab[ids["unk_id"]]
+    spec.config.bos_token = tgt_vocab[ids["start_id"]]
+    spec.config.eos_token = tgt_vocab[ids["end_id"]]
+    spec.config.decoder_start_token = tgt_vocab[ids["start_id"]]
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = source.layer_norm_epsilon
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
+    return spec
+
+
+def export_ctranslate2(source, output_dir, quantization=None, overwrite=False, which="best"):
+    """Write a CTranslate2 model of `source` to `output_dir`.
+
+    Args:
+        source: a run folder (written by `train`), a SavedModel folder
+            (written by `export_translator`), or a `Translator`.
+        output_dir: folder to write: CTranslate2's `model.bin`, `config.json`
+            and vocabularies, plus `source.model` / `target.model` (the
+            SentencePiece models) and `keras_transformer.json` (input
+            lowercasing, special ids, source length limit).
+        quantization: None (float32 weights) or a CTranslate2 weight type:
+            `"int8"`, `"int8_float32"`, `"int16"` or `"float16"`. The type can
+            also be chosen when loading (`compute_type`).
+        overwrite: replace an existing model in `output_dir`.
+        which: the checkpoint of a run folder: `"best"`, `"last"` or
+            `"averaged"`.
+
+    Returns:
+        `output_dir`.
+
+    Raises:
+        ImportError: when `ctranslate2` is not installed (says how to).
+        FileExistsError: when `output_dir` holds a model and not `overwrite`.
+        ValueError: for an unknown `quantization` or a source that is none
+            of the above.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}; got {quantization!r}.")
+    _require_ctranslate2()
+    converted = _read_source(source, which)
+    if os.path.exists(os.path.join(output_dir, "model.bin")) and not overwrite:
+        raise FileExistsError(f"{output_dir} already holds a CTranslate2 model; pass overwrite=True "
+                              "(--overwrite) to replace it, or choose another folder.")
+    spec = _build_spec(converted)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    if os.path.isdir(output_dir) and overwrite:
+        shutil.rmtree(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    spec.save(output_dir)
+    for name, proto in ((SOURCE_MODEL, converted.src_proto), (TARGET_MODEL, converted.tgt_proto)):
+        with open(os.path.join(output_dir, name), "wb") as f:
+            f.write(proto)
+    with open(os.path.join(output_dir, METADATA_FILE), "w") as f:
+        json.dump({"lowercase": converted.lowercase, "special_ids": converted.special_ids,
+                   "source_max_length": converted.max_positions, "quantization": quantization}, f, indent=2)
+    return output_dir
+
+
+def _read_source(source, which):
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.exists(os.path.join(path, "saved_model.pb")):
+            return _from_saved_model(path)
+        if os.path.exists(os.path.join(path, "config.json")):
+            from keras_transformer.training import load_run
+
+            model, src, tgt, _ = load_run(path, which=which)
+            return _from_model(model, src, tgt)
+        raise ValueError(f"{path} is neither a run folder (config.json) nor a SavedModel "
+                         "(saved_model.pb).")
+    if all(hasattr(source, name) for name in ("model", "src_tokenizer", "tgt_tokenizer")):
+        return _from_model(source.model, source.src_tokenizer, source.tgt_tokenizer)
+    raise ValueError(f"export_ctranslate2 takes a run folder, a SavedModel folder or a Translator; "
+                     f"got {type(source).__name__}.")
+
+
+class CTranslate2Translator:
+    """Strings in, strings out, with a model written by `export_ctranslate2`.
+
+    Input lines get `Translator`'s normalisation (`prepare_text`), are cut
+    to the source length limit (the end id included), and decode with
+    CTranslate2's beam search; the unknown, pad and start tokens are never
+    emitted. CTranslate2's length penalty divides a finished hypothesis's
+    log-probability by `length ** length_penalty` (not the GNMT form of
+    `keras_transformer.decoding`).
+
+    Args:
+        path: folder written by `export_ctranslate2`.
+        device: `"cpu"` or `"cuda"`.
+        compute_type: CTranslate2's compute type (`"default"`, `"int8"`,
+            `"float32"`, ...).
+        intra_threads: threads per translation (0: CTranslate2's default).
+    """
+
+    def __init__(self, path, device="cpu", compute_type="default", intra_threads=0):
+        ctranslate2 = _require_ctranslate2()
+        import sentencepiece
+
+        with open(os.path.join(path, METADATA_FILE)) as f:
+            self.metadata = json.load(f)
+        self.translator = ctranslate2.Translator(path, device=device, compute_type=compute_type,
+                                                 intra_threads=intra_threads)
+        self.src = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, SOURCE_MODEL))
+        self.tgt = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, TARGET_MODEL))
+        ids = self.metadata["special_ids"]
+        self._suppressed = [[self.tgt.id_to_piece(ids[n])] for n in ("pad_id", "start_id")]
+
+    def tokenize(self, lines):
+        """SentencePiece pieces of each line, as `Translator` tokenizes it."""
+        from keras_transformer.tokenizers.normalization import prepare_lines
+
+        keep = self.metadata["source_max_length"] - 1
+        texts = prepare_lines(list(lines), self.metadata["lowercase"])
+        return [self.src.encode(text, out_type=str)[:keep] if text else [] for text in texts]
+
+    def translate_pieces(self, pieces, beam_size=4, length_penalty=1.0, max_decoding_length=None,
+                         max_batch_size=0):
+        """CTranslate2's results for pre-tokenized input."""
+        return self.translator.translate_batch(
+            pieces, beam_size=beam_size, length_penalty=length_penalty,
+            max_decoding_length=max_decoding_length or self.metadata["source_max_length"],
+            disable_unk=True, suppress_sequences=self._suppressed, max_batch_size=max_batch_size,
+        )
+
+    def translate(self, lines, beam_size=4, length_penalty=1.0, max_decoding_length=None):
+        """Translations of `lines` (list of str), one str each."""
+        pieces = self.tokenize(lines)
+        out = [""] * len(pieces)
+        todo = [i for i, p in enumerate(pieces) if p]
+        if todo:
+            results = self.translate_pieces([pieces[i] for i in todo], beam_size, length_penalty,
+                                            max_decoding_length)
+            for i, result in zip(todo, results):
+                out[i] = self.tgt.decode(result.hypotheses[0]).strip()
+        return out

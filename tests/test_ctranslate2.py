@@ -1,0 +1,137 @@
+"""Export to CTranslate2: the converted model decodes the ids ours does.
+
+Issue 18: CTranslate2's built-in position table, LayerNorm epsilon and
+special tokens differ from ours; a conversion that took its defaults would
+translate differently. Greedy search is compared id for id.
+"""
+
+import os
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+pytest.importorskip("ctranslate2")
+if keras.backend.backend() != "tensorflow":
+    pytest.skip("the Translator needs the tensorflow backend", allow_module_level=True)
+
+from keras_transformer import Translator  # noqa: E402
+from keras_transformer import build_transformer  # noqa: E402
+from keras_transformer.cli import main  # noqa: E402
+from keras_transformer.ctranslate2_export import CTranslate2Translator  # noqa: E402
+from keras_transformer.ctranslate2_export import _from_saved_model  # noqa: E402
+from keras_transformer.ctranslate2_export import export_ctranslate2  # noqa: E402
+from keras_transformer.data.synthetic import make_synthetic_corpus  # noqa: E402
+from keras_transformer.data.text_files import read_lines  # noqa: E402
+from keras_transformer.export import export_translator  # noqa: E402
+from keras_transformer.tokenizers import SubwordTokenizer  # noqa: E402
+from keras_transformer.tokenizers import train_subword_tokenizer  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHIPPED = sorted(p for p in (REPO / "saved_models").iterdir() if (p / "saved_model.pb").exists())
+
+
+def our_greedy_ids(translator, lines):
+    """Greedy output ids of `Translator` (end and padding dropped)."""
+    ids = [translator.src_tokenizer.tokenize(tf.constant([line]))[0].numpy().tolist() for line in lines]
+    keep = translator.source_max_length - 1
+    rows = [row[:keep] + [translator.src_tokenizer.end_id] for row in ids]
+    width = max(map(len, rows))
+    batch = np.array([row + [0] * (width - len(row)) for row in rows], np.int32)
+    out = translator.serve_ids(batch)["target_ids"].numpy()
+    end = translator.tgt_tokenizer.end_id
+    rows = [list(map(int, row)) for row in out]
+    return [row[: row.index(end)] if end in row else row for row in rows]
+
+
+def ct2_greedy_ids(path, lines, max_decoding_length):
+    ct2 = CTranslate2Translator(path)
+    results = ct2.translate_pieces(ct2.tokenize(lines), beam_size=1, max_decoding_length=max_decoding_length)
+    return [[ct2.tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    en, de = make_synthetic_corpus(600, seed=1)
+    return train_subword_tokenizer(en, 150), train_subword_tokenizer(de, 180), en[:24]
+
+
+@pytest.mark.parametrize("tie_embeddings,norm_first", [("none", False), ("target", True), ("all", False)])
+def test_greedy_ids_equal_ours_for_each_architecture(tokenizers, tmp_path, tie_embeddings, norm_first):
+    src, tgt, lines = tokenizers
+    if tie_embeddings == "all":  # one vocabulary for both sides
+        tgt = src
+    keras.utils.set_random_seed(3)
+    model = build_transformer(
+        src.vocab_size, tgt.vocab_size, num_layers=2, d_model=32, num_heads=4, dff=64,
+        dropout_rate=0.0, max_length=16, tie_embeddings=tie_embeddings, norm_first=norm_first,
+    )
+    translator = Translator(model, src, tgt, beam_size=1)
+    ours = our_greedy_ids(translator, lines)
+    from_object = export_ctranslate2(translator, str(tmp_path / "ct2"))
+    # Through the exported SavedModel too: weights and SentencePiece models
+    # are read back from its variables and graph.
+    saved = export_translator(translator, str(tmp_path / "saved_model"))
+    from_saved = export_ctranslate2(saved, str(tmp_path / "ct2-from-saved"))
+    for path in (from_object, from_saved):
+        theirs = ct2_greedy_ids(path, lines, max_decoding_length=15)
+        assert theirs == ours
+    assert any(len(row) > 3 for row in ours)  # not all trivially empty
+
+
+def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
+    src, tgt, lines = tokenizers
+    model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4,
+                              dff=64, max_length=16)
+    translator = Translator(model, src, tgt, beam_size=1)
+    out = str(tmp_path / "ct2")
+    export_ctranslate2(translator, out)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export_ctranslate2(translator, out)
+    export_ctranslate2(translator, out, quantization="int8", overwrite=True)
+    assert os.path.getsize(os.path.join(out, "model.bin")) < 0.5 * (4 * model.count_params())
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        export_ctranslate2(translator, out, quantization="int4")
+    with pytest.raises(ValueError, match="neither a run folder"):
+        export_ctranslate2(str(tmp_path), str(tmp_path / "x"))
+    with pytest.raises(SystemExit):
+        main(["export", "--format", "ctranslate2", "--run", str(tmp_path), "--output", out, "--beam-size", "2"])
+    assert "do not apply to a CTranslate2 model" in capsys.readouterr().err
+
+
+def keras_translator_of(saved_model):
+    """Our greedy Translator on the weights and tokenizers of a SavedModel."""
+    source = _from_saved_model(str(saved_model))
+    w = source.weights
+    tie = ("all" if "shared_embedding/token_embedding/embeddings" in w
+           else "none" if "logits/kernel" in w else "target")
+    embedding = "shared_embedding" if tie == "all" else "encoder_embedding"
+    src = SubwordTokenizer(source.src_proto, lowercase=source.lowercase)
+    tgt = SubwordTokenizer(source.tgt_proto, lowercase=source.lowercase)
+    model = build_transformer(
+        src.vocab_size, tgt.vocab_size, num_layers=source.count("encoder"),
+        num_decoder_layers=source.count("decoder"),
+        d_model=w[f"{embedding}/token_embedding/embeddings"].shape[1],
+        num_heads=w["encoder_layer_0/self_attention/query/kernel"].shape[1],
+        dff=w["encoder_layer_0/feedforward/feedforward_intermediate_dense/kernel"].shape[1],
+        max_length=source.max_positions, tie_embeddings=tie,
+        norm_first="encoder_final_norm/gamma" in w, dropout_rate=0.0,
+    )
+    for variable in model.weights:
+        variable.assign(w[variable.path])
+    return Translator(model, src, tgt, beam_size=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_model", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_models_convert_exactly(saved_model, multi30k, tmp_path):
+    """Greedy ids of the converted shipped model equal ours on the first 200
+    test sentences."""
+    source_language = saved_model.name.split("-")[-2]
+    lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{source_language}.gz"))[:200]
+    path = export_ctranslate2(str(saved_model), str(tmp_path / "ct2"))
+    ours = our_greedy_ids(keras_translator_of(saved_model), lines)
+    theirs = ct2_greedy_ids(path, lines, max_decoding_length=200)
+    assert sum(a == b for a, b in zip(ours, theirs)) == len(lines)
