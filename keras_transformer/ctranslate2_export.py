@@ -25,14 +25,15 @@ CTranslate2 is an optional dependency: `pip install "keras-transformer[ctranslat
 
 import json
 import os
-import re
 import shutil
 
 import numpy as np
 
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
+from keras_transformer.loading import SavedModelContents
+from keras_transformer.loading import read_saved_model
 
-METADATA_FILE = "keras_transformer.json"
+METADATA_FILE = "keras_transformer.json"  # what CTranslate2Translator reads
 SOURCE_MODEL = "source.model"
 TARGET_MODEL = "target.model"
 QUANTIZATIONS = (None, "int8", "int8_float32", "int16", "float16")
@@ -49,30 +50,11 @@ def _require_ctranslate2():
     return ctranslate2
 
 
-class _Source:
-    """What a conversion reads: weights by name, sizes, tokenizers, ids."""
-
-    def __init__(self, weights, src_proto, tgt_proto, lowercase, special_ids, max_positions,
-                 layer_norm_epsilon=1e-6, activation="relu"):
-        self.weights = {name: np.asarray(value, dtype=np.float32) for name, value in weights.items()}
-        self.src_proto = src_proto
-        self.tgt_proto = tgt_proto
-        self.lowercase = bool(lowercase)
-        self.special_ids = special_ids
-        self.max_positions = int(max_positions)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.activation = activation
-
-    def count(self, stack):
-        indices = {int(m.group(1)) for name in self.weights for m in [re.match(rf"{stack}_layer_(\d+)/", name)] if m}
-        return max(indices) + 1 if indices else 0
-
-
 def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
     config = model.get_layer("encoder_layer_0").get_config()
     positions = [layer.get_config().get("max_length") for layer in model.layers
                  if layer.name.endswith("_embedding")]
-    return _Source(
+    return SavedModelContents(
         {weight.path: keras_value(weight) for weight in model.weights},
         src_tokenizer.proto,
         tgt_tokenizer.proto,
@@ -93,54 +75,6 @@ def keras_value(weight):
 def _special_ids(tokenizer):
     return {"pad_id": tokenizer.pad_id, "unk_id": tokenizer.unk_id,
             "start_id": tokenizer.start_id, "end_id": tokenizer.end_id}
-
-
-def _from_saved_model(path):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    with open(os.path.join(path, METADATA_FILE)) as f:
-        metadata = json.load(f)
-    loaded = tf.saved_model.load(path)
-    weights = {v.name.rsplit(":", 1)[0]: v.numpy() for v in loaded.variables}
-    proto = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-        proto.ParseFromString(f.read())
-    src, tgt = (_sentencepiece_model(proto, name) for name in ("src_tokenizer", "tgt_tokenizer"))
-    ids = dict(metadata.get("special_ids", {}))
-    ids.setdefault("unk_id", 1)
-    model = metadata.get("model", {})
-    return _Source(
-        weights, src, tgt, metadata.get("lowercase", False), ids,
-        model.get("max_length") or metadata["decoding"]["source_max_length"],
-        layer_norm_epsilon=model.get("layer_norm_epsilon", 1e-6),
-        activation=model.get("activation", "relu"),
-    )
-
-
-def _sentencepiece_model(saved_model, child):
-    """The serialized SentencePiece model of the root's `child` tokenizer:
-    the `model` attribute of the `SentencepieceOp` in the function that
-    creates its resource (root -> child -> _tokenizer -> _model_resource)."""
-    meta = saved_model.meta_graphs[0]
-    nodes = meta.object_graph_def.nodes
-
-    def child_of(node_id, name):
-        for ref in nodes[node_id].children:
-            if ref.local_name == name:
-                return ref.node_id
-        raise ValueError(f"the SavedModel has no {name!r} under node {node_id}; was it written by "
-                         "keras_transformer's export_translator?")
-
-    node = child_of(child_of(child_of(child_of(0, child), "_tokenizer"), "_model_resource"), "_create_resource")
-    creators = set(nodes[node].function.concrete_functions)
-    for function in meta.graph_def.library.function:
-        if function.signature.name in creators:
-            for op in function.node_def:
-                if op.op == "SentencepieceOp":
-                    return op.attr["model"].s
-    raise ValueError(f"no SentencePiece model found for {child}")
 
 
 def _attention_kernel(kernel):
@@ -198,7 +132,7 @@ def _build_spec(source):
 
     weights = source.weights
     activations = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
-    if source.activation not in activations:
+    if not isinstance(source.activation, str) or source.activation not in activations:
         raise ValueError(f"CTranslate2 export supports the relu and gelu activations; the model uses "
                          f"{source.activation!r}.")
     num_heads = weights["encoder_layer_0/self_attention/query/kernel"].shape[1]
@@ -305,7 +239,7 @@ def _read_source(source, which):
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.exists(os.path.join(path, "saved_model.pb")):
-            return _from_saved_model(path)
+            return read_saved_model(path)
         if os.path.exists(os.path.join(path, "config.json")):
             from keras_transformer.training import load_run
 

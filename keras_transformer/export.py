@@ -84,6 +84,18 @@ def with_weights_dtype(model, weights_dtype):
     return with_dtype_policy(model, Float16StoragePolicy(), weights)
 
 
+def _model_settings(translator):
+    """What rebuilding the model from the SavedModel's variables needs
+    beyond their names and shapes (`loading.read_saved_model`)."""
+    block = translator.model.get_layer("encoder_layer_0")
+    activation = keras.activations.serialize(block.activation)
+    return {
+        "max_length": int(translator._parts.max_length),
+        "layer_norm_epsilon": float(block.layer_norm_epsilon),
+        "activation": activation if isinstance(activation, str) else None,
+    }
+
+
 def export_translator(translator, path, weights_dtype="float32"):
     """Write `translator` as a SavedModel with a string-to-string signature.
 
@@ -193,6 +205,8 @@ def export_translator(translator, path, weights_dtype="float32"):
             "allow_unk": translator.allow_unk,
         },
         "weights_dtype": weights_dtype,
+        "lowercase": translator.src_tokenizer.lowercase,
+        "model": _model_settings(translator),
         "custom_ops": {"tensorflow_text": list(TENSORFLOW_TEXT_OPS)},
     }
     with open(os.path.join(path, METADATA_FILE), "w") as f:

@@ -1,6 +1,10 @@
 """Load a trained model for translation in one line: a run or a SavedModel."""
 
+import json
 import os
+import re
+
+import numpy as np
 
 from keras_transformer.translator import translate_lines
 from keras_transformer.translator import translate_n_best
@@ -101,3 +105,131 @@ def load_translator(path, checkpoint="best", **decoding):
         "(config.json): pass saved_models/<name>, an `export --output` folder or a "
         "`train --output-dir` folder."
     )
+
+
+class SavedModelContents:
+    """A trained model's parts, as NumPy arrays and bytes (`read_saved_model`).
+
+    Attributes:
+        weights: dict of float32 arrays by Keras variable path
+            (`"encoder_layer_0/self_attention/query/kernel"`, ...).
+        src_proto, tgt_proto: serialized SentencePiece models (bytes).
+        lowercase: whether the tokenizers lowercase their input.
+        special_ids: dict with `pad_id`, `unk_id`, `start_id`, `end_id`.
+        max_positions: rows of the position table (the model's
+            `max_length`).
+        layer_norm_epsilon: float.
+        activation: the feed-forward activation's name.
+    """
+
+    def __init__(self, weights, src_proto, tgt_proto, lowercase, special_ids, max_positions,
+                 layer_norm_epsilon=1e-6, activation="relu"):
+        self.weights = {name: np.asarray(value, dtype=np.float32) for name, value in weights.items()}
+        self.src_proto = src_proto
+        self.tgt_proto = tgt_proto
+        self.lowercase = bool(lowercase)
+        self.special_ids = special_ids
+        self.max_positions = int(max_positions)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = activation
+
+    def count(self, stack):
+        indices = {int(m.group(1)) for name in self.weights for m in [re.match(rf"{stack}_layer_(\d+)/", name)] if m}
+        return max(indices) + 1 if indices else 0
+
+
+def read_saved_model(path):
+    """The weights, tokenizers and settings of a SavedModel written by
+    `export_translator`, without Keras: `SavedModelContents`.
+
+    Raises:
+        FileNotFoundError: if `path` holds no `saved_model.pb`.
+        ValueError: for a SavedModel that `export_translator` did not write.
+    """
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(f"{path} is not a SavedModel folder (no saved_model.pb).")
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    with open(os.path.join(path, "keras_transformer.json")) as f:
+        metadata = json.load(f)
+    loaded = tf.saved_model.load(path)
+    weights = {v.name.rsplit(":", 1)[0]: v.numpy() for v in loaded.variables}
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    src, tgt = (_sentencepiece_model(proto, name) for name in ("src_tokenizer", "tgt_tokenizer"))
+    ids = dict(metadata.get("special_ids", {}))
+    ids.setdefault("unk_id", 1)
+    model = metadata.get("model", {})
+    contents = SavedModelContents(
+        weights, src, tgt, metadata.get("lowercase", False), ids,
+        model.get("max_length") or metadata["decoding"]["source_max_length"],
+        layer_norm_epsilon=model.get("layer_norm_epsilon", 1e-6),
+        activation=model.get("activation", "relu"),
+    )
+    if contents.activation is None:
+        raise ValueError(f"{path} was exported from a model with a custom feed-forward activation, "
+                         "which cannot be rebuilt from the SavedModel; use its run folder.")
+    return contents
+
+
+def _sentencepiece_model(saved_model, child):
+    """The serialized SentencePiece model of the root's `child` tokenizer:
+    the `model` attribute of the `SentencepieceOp` in the function that
+    creates its resource (root -> child -> _tokenizer -> _model_resource)."""
+    meta = saved_model.meta_graphs[0]
+    nodes = meta.object_graph_def.nodes
+
+    def child_of(node_id, name):
+        for ref in nodes[node_id].children:
+            if ref.local_name == name:
+                return ref.node_id
+        raise ValueError(f"the SavedModel has no {name!r} under node {node_id}; was it written by "
+                         "keras_transformer's export_translator?")
+
+    node = child_of(child_of(child_of(child_of(0, child), "_tokenizer"), "_model_resource"), "_create_resource")
+    creators = set(nodes[node].function.concrete_functions)
+    for function in meta.graph_def.library.function:
+        if function.signature.name in creators:
+            for op in function.node_def:
+                if op.op == "SentencepieceOp":
+                    return op.attr["model"].s
+    raise ValueError(f"no SentencePiece model found for {child}")
+
+def translator_from_saved_model(path, **decoding):
+    """A `Translator` (any search, n-best, attention weights) on the weights
+    and tokenizers of the SavedModel at `path`, rebuilt as a Keras model.
+
+    Args:
+        path: a SavedModel folder written by `export_translator`.
+        **decoding: `Translator` settings (`beam_size`, `length_penalty`, ...).
+
+    Returns:
+        `keras_transformer.Translator`.
+    """
+    from keras_transformer.models.transformer import build_transformer
+    from keras_transformer.tokenizers import SubwordTokenizer
+    from keras_transformer.translator import Translator
+
+    contents = read_saved_model(path)
+    w = contents.weights
+    tie = ("all" if "shared_embedding/token_embedding/embeddings" in w
+           else "none" if "logits/kernel" in w else "target")
+    embedding = "shared_embedding" if tie == "all" else "encoder_embedding"
+    src = SubwordTokenizer(contents.src_proto, lowercase=contents.lowercase)
+    tgt = SubwordTokenizer(contents.tgt_proto, lowercase=contents.lowercase)
+    model = build_transformer(
+        src.vocab_size, tgt.vocab_size, num_layers=contents.count("encoder"),
+        num_decoder_layers=contents.count("decoder"),
+        d_model=w[f"{embedding}/token_embedding/embeddings"].shape[1],
+        num_heads=w["encoder_layer_0/self_attention/query/kernel"].shape[1],
+        dff=w["encoder_layer_0/feedforward/feedforward_intermediate_dense/kernel"].shape[1],
+        max_length=contents.max_positions, tie_embeddings=tie,
+        norm_first="encoder_final_norm/gamma" in w, dropout_rate=0.0,
+        layer_norm_epsilon=contents.layer_norm_epsilon, activation=contents.activation,
+    )
+    for variable in model.weights:
+        variable.assign(w[variable.path])
+    return Translator(model, src, tgt, **decoding)

@@ -21,12 +21,11 @@ from keras_transformer import Translator  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from keras_transformer.cli import main  # noqa: E402
 from keras_transformer.ctranslate2_export import CTranslate2Translator  # noqa: E402
-from keras_transformer.ctranslate2_export import _from_saved_model  # noqa: E402
 from keras_transformer.ctranslate2_export import export_ctranslate2  # noqa: E402
 from keras_transformer.data.synthetic import make_synthetic_corpus  # noqa: E402
 from keras_transformer.data.text_files import read_lines  # noqa: E402
 from keras_transformer.export import export_translator  # noqa: E402
-from keras_transformer.tokenizers import SubwordTokenizer  # noqa: E402
+from keras_transformer.loading import translator_from_saved_model  # noqa: E402
 from keras_transformer.tokenizers import train_subword_tokenizer  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -101,29 +100,6 @@ def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
     assert "do not apply to a CTranslate2 model" in capsys.readouterr().err
 
 
-def keras_translator_of(saved_model):
-    """Our greedy Translator on the weights and tokenizers of a SavedModel."""
-    source = _from_saved_model(str(saved_model))
-    w = source.weights
-    tie = ("all" if "shared_embedding/token_embedding/embeddings" in w
-           else "none" if "logits/kernel" in w else "target")
-    embedding = "shared_embedding" if tie == "all" else "encoder_embedding"
-    src = SubwordTokenizer(source.src_proto, lowercase=source.lowercase)
-    tgt = SubwordTokenizer(source.tgt_proto, lowercase=source.lowercase)
-    model = build_transformer(
-        src.vocab_size, tgt.vocab_size, num_layers=source.count("encoder"),
-        num_decoder_layers=source.count("decoder"),
-        d_model=w[f"{embedding}/token_embedding/embeddings"].shape[1],
-        num_heads=w["encoder_layer_0/self_attention/query/kernel"].shape[1],
-        dff=w["encoder_layer_0/feedforward/feedforward_intermediate_dense/kernel"].shape[1],
-        max_length=source.max_positions, tie_embeddings=tie,
-        norm_first="encoder_final_norm/gamma" in w, dropout_rate=0.0,
-    )
-    for variable in model.weights:
-        variable.assign(w[variable.path])
-    return Translator(model, src, tgt, beam_size=1)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("saved_model", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_models_convert_exactly(saved_model, multi30k, tmp_path):
@@ -132,6 +108,6 @@ def test_shipped_models_convert_exactly(saved_model, multi30k, tmp_path):
     source_language = saved_model.name.split("-")[-2]
     lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{source_language}.gz"))[:200]
     path = export_ctranslate2(str(saved_model), str(tmp_path / "ct2"))
-    ours = our_greedy_ids(keras_translator_of(saved_model), lines)
+    ours = our_greedy_ids(translator_from_saved_model(str(saved_model), beam_size=1), lines)
     theirs = ct2_greedy_ids(path, lines, max_decoding_length=200)
     assert sum(a == b for a, b in zip(ours, theirs)) == len(lines)
