@@ -10,6 +10,7 @@ from keras_transformer.data.packing import pack_source
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding import growing_cache
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.precision import compute_dtype
 from keras_transformer.tokenizers.normalization import normalize_text
@@ -191,7 +192,10 @@ class Translator(tf.Module):
         self.model = model
         self.src_tokenizer = src_tokenizer
         self.tgt_tokenizer = tgt_tokenizer
-        self._parts = TransformerParts(model, pad_id=src_tokenizer.pad_id)
+        # Growing self-attention caches where the graph allows them (no XLA).
+        self._parts = TransformerParts(
+            model, pad_id=src_tokenizer.pad_id, growing_cache=growing_cache.available(jit_compile)
+        )
         for side, tokenizer, layer in (
             ("source", src_tokenizer, self._parts.encoder_embedding),
             ("target", tgt_tokenizer, self._parts.decoder_embedding),

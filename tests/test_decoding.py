@@ -332,3 +332,33 @@ def test_searches_never_output_pad_or_start_and_score_the_model_probability(rais
         want = _teacher_forced_log_prob(model, sources[row], beams[row, 0])
         got = beam_scores[row, 0] * float(to_numpy(length_penalty_factor(length, 0.6)))
         assert abs(got - want) < 1e-4, (row, got, want)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="a tensorflow graph fast path")
+def test_growing_caches_give_the_fixed_caches_results(parts):
+    """Issue 18: on tensorflow the Translator's caches grow by one position a
+    step (`decoding.growing_cache`); steps, greedy and beam search in a
+    graph traced for any batch and length give the fixed caches' values."""
+    import tensorflow as tf
+
+    growing = TransformerParts(parts.model, growing_cache=True)
+    target = np.array([[START, 4, 5, 6, 7], [START, 9, 9, 8, 4]], "int32")
+    encoder_outputs, mask = parts.encode(SOURCES)
+    cross = parts.cross_caches(encoder_outputs)
+    fixed_caches = parts.empty_self_caches(2, parts.max_length, "float32")
+    grown = growing.empty_self_caches(2, parts.max_length, "float32")
+    for t in range(target.shape[1]):
+        want, fixed_caches = parts.decode_step(target[:, t], t, fixed_caches, cross, mask)
+        got, grown = growing.decode_step(target[:, t], t, grown, cross, mask)
+        np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
+        assert tuple(grown[0][0].shape) == (2, parts.num_heads, parts.key_dim, t + 1)
+        assert tuple(grown[0][1].shape) == (2, parts.num_heads, t + 1, parts.key_dim)
+
+    spec = [tf.TensorSpec([None, None], tf.int32)]
+    for search, kwargs in ((greedy_search, {}), (beam_search, {"beam_size": 3, "n_best": 2})):
+        results = [
+            tf.function(lambda s, p=p: search(p, s, start_id=START, end_id=END, **kwargs), input_signature=spec)(SOURCES)
+            for p in (parts, growing)
+        ]
+        np.testing.assert_array_equal(to_numpy(results[1][0]), to_numpy(results[0][0]))
+        np.testing.assert_allclose(to_numpy(results[1][1]), to_numpy(results[0][1]), atol=1e-5)

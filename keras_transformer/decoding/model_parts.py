@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_transformer.decoding.growing_cache import empty_growing_cache
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.layers.transformer_decoder import cached_step_masks
 from keras_transformer.models.transformer import embedding_layers
@@ -19,12 +20,15 @@ class TransformerParts:
     Args:
         model: a model from `build_transformer` (or loaded from `.keras`).
         pad_id: int, padding id of the source.
+        growing_cache: bool, self-attention caches that grow by one position
+            a step instead of fixed-size ones (tensorflow backend without XLA
+            only; see `keras_transformer.decoding.growing_cache`).
 
     Raises:
         ValueError: if `model` lacks the expected layers.
     """
 
-    def __init__(self, model, pad_id=0):
+    def __init__(self, model, pad_id=0, growing_cache=False):
         self.encoder_embedding, self.decoder_embedding, self.logits_layer = (
             embedding_layers(model)
         )
@@ -43,6 +47,7 @@ class TransformerParts:
         )
         self.model = model
         self.pad_id = pad_id
+        self.growing_cache = bool(growing_cache)
         self.max_length = self.decoder_embedding.max_length
         self.source_max_length = self.encoder_embedding.max_length
         self.vocab_size = self.logits_layer.vocab_size
@@ -68,6 +73,11 @@ class TransformerParts:
     def empty_self_caches(self, batch_size, length, dtype):
         """Per decoder layer zero `(key (batch, heads, key_dim, length), value
         (batch, heads, length, key_dim))` caches."""
+        if self.growing_cache:
+            return [
+                empty_growing_cache(batch_size, self.num_heads, self.key_dim, dtype)
+                for _ in self.decoder_layers
+            ]
         return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
 
     def decoding_weights(self):
@@ -99,7 +109,9 @@ class TransformerParts:
             layer's cross-attention weights `(batch, heads, S)` if asked.
         """
         weights = weights or self.decoding_weights()
-        masks = cached_step_masks(index, ops.shape(self_caches[0][0])[-1], encoder_mask)
+        masks = cached_step_masks(
+            index, ops.shape(self_caches[0][0])[-1], encoder_mask, growing=self.growing_cache
+        )
         # The ids are the search's own outputs (and its start id, checked
         # once by the search): no range check on this per-step path.
         x = self.decoder_embedding(

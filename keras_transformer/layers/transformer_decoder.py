@@ -17,7 +17,7 @@ from keras_transformer.layers.transformer_block import TransformerBlock
 from keras_transformer.layers.unpadding import Unpadding
 
 
-def cached_step_masks(index, cache_length, encoder_mask=None):
+def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
     """What every decoder layer's `call_cached` needs at position `index`.
 
     The same for all layers of a step: build it once per step.
@@ -26,6 +26,9 @@ def cached_step_masks(index, cache_length, encoder_mask=None):
         index: scalar int, position of the new token.
         cache_length: int, slots in the self-attention cache.
         encoder_mask: optional bool `(batch, source_length)`.
+        growing: the caches hold positions `0..index - 1` only and the new
+            key and value are appended (`decoding.growing_cache`): then
+            `"slot"` is None and `"self_bias"` 0.
 
     Returns:
         dict: `"slot"` bool `(length,)`, True at `index` (where the new key
@@ -34,13 +37,16 @@ def cached_step_masks(index, cache_length, encoder_mask=None):
         `(batch, 1, source_length)` (or 0.0) and `"keep"` float32
         `(batch, 1, 1)` (or None), 0 for sources with no token at all.
     """
-    positions = ops.arange(cache_length, dtype="int32")
-    masks = {
-        "slot": ops.equal(positions, index),
-        "self_bias": attention_bias(ops.less_equal(positions, index)),
-        "cross_bias": 0.0,
-        "keep": None,
-    }
+    if growing:
+        masks = {"slot": None, "self_bias": 0.0, "cross_bias": 0.0, "keep": None}
+    else:
+        positions = ops.arange(cache_length, dtype="int32")
+        masks = {
+            "slot": ops.equal(positions, index),
+            "self_bias": attention_bias(ops.less_equal(positions, index)),
+            "cross_bias": 0.0,
+            "keep": None,
+        }
     if encoder_mask is not None:
         masks["cross_bias"] = ops.expand_dims(attention_bias(encoder_mask), 1)
         masks["keep"] = ops.cast(ops.any(encoder_mask, axis=-1), "float32")[:, None, None]
@@ -397,16 +403,14 @@ class TransformerDecoder(TransformerBlock):
 
         def self_attend(x):
             query, key, value = ops.split(project(x, weights["self"]), 3, axis=-1)
-            caches["key"] = ops.where(
-                ops.reshape(slot, (1, 1, 1, -1)),
-                ops.cast(ops.reshape(key, (batch, heads, key_dim, 1)), self_key_cache.dtype),
-                self_key_cache,
-            )
-            caches["value"] = ops.where(
-                ops.reshape(slot, (1, 1, -1, 1)),
-                ops.cast(ops.reshape(value, (batch, heads, 1, key_dim)), self_value_cache.dtype),
-                self_value_cache,
-            )
+            key = ops.cast(ops.reshape(key, (batch, heads, key_dim, 1)), self_key_cache.dtype)
+            value = ops.cast(ops.reshape(value, (batch, heads, 1, key_dim)), self_value_cache.dtype)
+            if slot is None:  # a growing cache: append the new position
+                caches["key"] = ops.concatenate([self_key_cache, key], axis=-1)
+                caches["value"] = ops.concatenate([self_value_cache, value], axis=2)
+            else:  # a fixed-size cache: write the slot at `index`
+                caches["key"] = ops.where(ops.reshape(slot, (1, 1, 1, -1)), key, self_key_cache)
+                caches["value"] = ops.where(ops.reshape(slot, (1, 1, -1, 1)), value, self_value_cache)
             attended, _ = single_query_attention(
                 ops.reshape(query, (batch, heads, key_dim)),
                 caches["key"],

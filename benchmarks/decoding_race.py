@@ -1,0 +1,197 @@
+"""Decoding race on Multi30k: our SavedModel and Translator against CTranslate2.
+
+    python benchmarks/decoding_race.py                        # the shipped en-de model
+    python benchmarks/decoding_race.py --saved-model DIR --saved-model DIR2
+    python benchmarks/decoding_race.py --quick                # smoke run
+
+The same weights decode the same test_2016_flickr sentences, strings in and
+strings out (SentencePiece included), beam 4, in these contenders:
+
+- `saved_model`: each `--saved-model` through its `serving_default`
+  signature (`tf.saved_model.load`), as TF Serving runs it;
+- `translator`: the in-process `Translator` rebuilt on the first SavedModel's
+  weights (`loading.translator_from_saved_model`), through `Translator.serve`;
+- `ct2_float32`, `ct2_int8`: the first SavedModel converted with
+  `export_ctranslate2` (float32, and int8 weights), through
+  `CTranslate2Translator` with CTranslate2's length penalty 0.4 (its
+  `length ** alpha` form ranks the shipped model's hypotheses as our GNMT
+  penalty 0.6 does).
+
+Each contender runs in its own process (runtimes' thread pools compete when
+they share one), started and warmed up before timing; timed passes are
+interleaved: every round times each contender in turn at batch 32 (all
+sentences) and at batch 1 (the first `--batch1-sentences`). Printed: the
+median ms per sentence of each, the ratios to CTranslate2 float32, and the
+cased BLEU / chrF of each contender's output on those sentences (the
+batch-32 outputs), so that speed is never bought with quality unnoticed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CT2_LENGTH_PENALTY = 0.4
+BEAM_SIZE = 4
+
+
+# ---------------------------------------------------------------- worker side
+
+def _load(kind, path):
+    """`translate(list of str) -> list of str` for one contender."""
+    if kind == "saved_model":
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+
+        serve = tf.saved_model.load(path).signatures["serving_default"]
+        return lambda lines: [t.decode("utf-8") for t in serve(text=tf.constant(lines))["translation"].numpy()]
+    if kind == "translator":
+        import tensorflow as tf
+
+        from keras_transformer.loading import translator_from_saved_model
+
+        with open(os.path.join(path, "keras_transformer.json")) as f:
+            decoding = json.load(f)["decoding"]
+        translator = translator_from_saved_model(path, beam_size=decoding["beam_size"],
+                                                 length_penalty=decoding["length_penalty"])
+        return lambda lines: [t.decode("utf-8") for t in translator.serve(tf.constant(lines))["translation"].numpy()]
+    if kind.startswith("ct2_"):
+        from keras_transformer.ctranslate2_export import CTranslate2Translator
+
+        ct2 = CTranslate2Translator(path, compute_type=kind[len("ct2_"):], intra_threads=os.cpu_count())
+        return lambda lines: ct2.translate(lines, beam_size=BEAM_SIZE, length_penalty=CT2_LENGTH_PENALTY)
+    raise ValueError(kind)
+
+
+def worker(kind, path, sentences_file, batch1):
+    """Answer `time BATCH` and `outputs` requests on stdin, one JSON line each."""
+    import time
+
+    with open(sentences_file, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    translate = _load(kind, path)
+    translate(lines[:32])  # warm-up: tracing, thread pools
+    translate(lines[:1])
+    print("ready", flush=True)
+    for request in sys.stdin:
+        command = request.split()
+        if command[0] == "time":
+            batch = int(command[1])
+            todo = lines if batch > 1 else lines[:batch1]
+            start = time.perf_counter()
+            for i in range(0, len(todo), batch):
+                translate(todo[i : i + batch])
+            print(json.dumps({"ms_per_sentence": 1000 * (time.perf_counter() - start) / len(todo)}), flush=True)
+        elif command[0] == "outputs":
+            out = []
+            for i in range(0, len(lines), 32):
+                out.extend(translate(lines[i : i + 32]))
+            print(json.dumps(out), flush=True)
+        elif command[0] == "quit":
+            return
+
+
+# ---------------------------------------------------------------- race side
+
+class Contender:
+    def __init__(self, name, kind, path, sentences_file, batch1):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", kind, path, sentences_file, str(batch1)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        self._expect("ready")
+
+    def _expect(self, word):
+        line = self.process.stdout.readline()
+        if line.strip() != word:
+            raise RuntimeError(f"{self.name} did not start: {line!r} (run the worker by hand to see why)")
+
+    def ask(self, request):
+        self.process.stdin.write(request + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self):
+        self.process.stdin.write("quit\n")
+        self.process.stdin.flush()
+        self.process.wait(timeout=60)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved-model", action="append",
+                        help="SavedModel(s) to race (default: saved_models/multi30k-en-de); the first "
+                             "is also converted for the translator and CTranslate2 contenders")
+    parser.add_argument("--data", default=os.environ.get("MULTI30K_DIR", os.path.join(REPO, "..", "shared", "data", "multi30k")))
+    parser.add_argument("--sentences", type=int, default=512, help="test sentences at batch 32")
+    parser.add_argument("--batch1-sentences", type=int, default=64, help="of which timed at batch 1")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="64 sentences, 8 at batch 1, one round")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, path, sentences_file, batch1 = args.worker
+        return worker(kind, path, sentences_file, int(batch1))
+    if args.quick:
+        args.sentences, args.batch1_sentences, args.rounds = 64, 8, 1
+
+    from keras_transformer.ctranslate2_export import export_ctranslate2
+    from keras_transformer.data.text_files import read_lines
+    from keras_transformer.evaluation import corpus_scores
+
+    saved_models = args.saved_model or [os.path.join(REPO, "saved_models", "multi30k-en-de")]
+    first = saved_models[0]
+    source, target = os.path.basename(os.path.normpath(first)).split("-")[-2:]
+    lines = read_lines(os.path.join(args.data, f"test_2016_flickr.{source}.gz"))[: args.sentences]
+    references = read_lines(os.path.join(args.data, f"test_2016_flickr.{target}.gz"))[: args.sentences]
+    work = tempfile.mkdtemp(prefix="decoding-race-")
+    sentences_file = os.path.join(work, "sentences.txt")
+    with open(sentences_file, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    ct2_dir = export_ctranslate2(first, os.path.join(work, "ct2"))
+    ct2_int8 = export_ctranslate2(first, os.path.join(work, "ct2-int8"), quantization="int8")
+
+    plan = [(f"saved_model:{os.path.basename(os.path.normpath(p))}" if len(saved_models) > 1 else "saved_model",
+             "saved_model", p) for p in saved_models]
+    plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
+             ("ct2_int8", "ct2_int8", ct2_int8)]
+    contenders = []
+    for name, kind, path in plan:
+        print(f"starting {name} ...", file=sys.stderr, flush=True)
+        contenders.append(Contender(name, kind, path, sentences_file, args.batch1_sentences))
+    times = {(c.name, b): [] for c in contenders for b in (32, 1)}
+    for round_ in range(args.rounds):
+        for contender in contenders:
+            for batch in (32, 1):
+                times[(contender.name, batch)].append(contender.ask(f"time {batch}")["ms_per_sentence"])
+        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    scores = {}
+    for contender in contenders:
+        outputs = contender.ask("outputs")
+        scores[contender.name] = corpus_scores(outputs, references)
+        contender.close()
+
+    median = {key: statistics.median(values) for key, values in times.items()}
+    print(f"\nDecoding race: {len(lines)} test_2016_flickr sentences {source}->{target} at batch 32, "
+          f"{min(len(lines), args.batch1_sentences)} at batch 1; beam {BEAM_SIZE}; medians of "
+          f"{args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
+    print(f"| contender | batch 32, ms/sentence | batch 1, ms/sentence | x CT2 f32 @32 | x CT2 f32 @1 | BLEU | chrF |")
+    print("|---|---|---|---|---|---|---|")
+    for contender in contenders:
+        name = contender.name
+        b32, b1 = median[(name, 32)], median[(name, 1)]
+        r32, r1 = b32 / median[("ct2_float32", 32)], b1 / median[("ct2_float32", 1)]
+        s = scores[name]
+        print(f"| {name} | {b32:.1f} | {b1:.1f} | {r32:.2f} | {r1:.2f} | {s['bleu']:.2f} | {s['chrf']:.2f} |")
+    print("\n(x CT2 f32: time relative to CTranslate2 float32; below 1 is faster.)")
+
+
+if __name__ == "__main__":
+    main()

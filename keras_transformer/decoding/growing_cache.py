@@ -1,0 +1,35 @@
+"""TensorFlow fast path of incremental decoding: self-attention caches that
+grow by one position per step.
+
+The backend-neutral caches have a fixed size (the output limit), as JAX and
+XLA need static shapes: every step then rewrites and attends over every
+slot, and beam search reorders every slot. On TensorFlow without XLA a
+`tf.while_loop` can carry a cache whose length grows, so a step at position
+`t` appends one slot and reads and reorders `t + 1`: the same values with a
+fraction of the memory traffic (outputs are the same; only the float
+summation order of the attention can differ in the last bits).
+
+`TransformerParts(model, growing_cache=True)` switches it on;
+`Translator` does on the tensorflow backend unless `jit_compile` is set.
+"""
+
+import keras
+
+
+def available(jit_compile=False):
+    """Whether growing caches can run: tensorflow backend, no XLA."""
+    return keras.backend.backend() == "tensorflow" and not jit_compile
+
+
+def empty_growing_cache(batch_size, num_heads, key_dim, dtype):
+    """Zero-length `(key (batch, heads, key_dim, 0), value (batch, heads, 0,
+    key_dim))` whose length axis is unknown to the graph, so a
+    `tf.while_loop` accepts it growing."""
+    import tensorflow as tf
+
+    key = tf.zeros((batch_size, num_heads, key_dim, 0), dtype)
+    value = tf.zeros((batch_size, num_heads, 0, key_dim), dtype)
+    return (
+        tf.raw_ops.PlaceholderWithDefault(input=key, shape=[None, num_heads, key_dim, None]),
+        tf.raw_ops.PlaceholderWithDefault(input=value, shape=[None, num_heads, None, key_dim]),
+    )
