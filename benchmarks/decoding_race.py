@@ -9,6 +9,8 @@ strings out (SentencePiece included), beam 4, in these contenders:
 
 - `saved_model`: each `--saved-model` through its `serving_default`
   signature (`tf.saved_model.load`), as TF Serving runs it;
+- `saved_model_now`: the first SavedModel exported again by this version of
+  the library (its weights, tokenizers and search), the same way;
 - `translator`: the in-process `Translator` rebuilt on the first SavedModel's
   weights (`loading.translator_from_saved_model`), through `Translator.serve`;
 - `ct2_float32`, `ct2_int8`: the first SavedModel converted with
@@ -158,8 +160,20 @@ def main():
     ct2_dir = export_ctranslate2(first, os.path.join(work, "ct2"))
     ct2_int8 = export_ctranslate2(first, os.path.join(work, "ct2-int8"), quantization="int8")
 
+    # The first SavedModel exported again by this version of the library:
+    # today's export beside the one it was shipped as.
+    from keras_transformer.export import export_translator
+    from keras_transformer.loading import translator_from_saved_model
+
+    with open(os.path.join(first, "keras_transformer.json")) as f:
+        exported = json.load(f)
+    again = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
+                                        length_penalty=exported["decoding"]["length_penalty"])
+    reexport = export_translator(again, os.path.join(work, "saved_model_now"),
+                                 weights_dtype=exported.get("weights_dtype", "float32"))
     plan = [(f"saved_model:{os.path.basename(os.path.normpath(p))}" if len(saved_models) > 1 else "saved_model",
              "saved_model", p) for p in saved_models]
+    plan.append(("saved_model_now", "saved_model", reexport))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
              ("ct2_int8", "ct2_int8", ct2_int8)]
     contenders = []
