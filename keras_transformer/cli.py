@@ -117,10 +117,12 @@ def _add_training_args(parser):
 
 
 # Decoding settings of a run; a SavedModel has its own, fixed by `export`.
-_RUN_DECODING = {"beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False}
+_RUN_DECODING = {"search": None, "beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False}
 
 
 def _decoding_args(parser, batches=True):
+    parser.add_argument("--search", choices=["greedy", "beam"],
+                        help="decoding strategy (default: beam; greedy is --beam-size 1)")
     parser.add_argument("--beam-size", type=_positive_int, help="1 for greedy decoding (default: 4)")
     parser.add_argument("--length-penalty", type=_non_negative_float,
                         help="GNMT alpha (default: 0.6); beam search only")
@@ -178,6 +180,13 @@ def _translator(args):
 
     settings = {name: default if getattr(args, name, None) is None else getattr(args, name)
                 for name, default in _RUN_DECODING.items()}
+    search = settings.pop("search")
+    if search == "greedy":
+        if args.beam_size not in (None, 1):
+            raise ValueError(f"--search greedy keeps one hypothesis; drop --beam-size {args.beam_size}.")
+        settings["beam_size"] = 1
+    elif search == "beam" and settings["beam_size"] < 2:
+        raise ValueError("--search beam needs --beam-size 2 or more (1 is --search greedy).")
     if settings["beam_size"] == 1 and args.length_penalty is not None:
         raise ValueError(
             "--length-penalty has no effect with --beam-size 1 (greedy decoding ranks "
@@ -338,7 +347,7 @@ def _export_ctranslate2(args):
     if args.weights_dtype != "float32":
         raise ValueError("--weights-dtype is for SavedModels; a CTranslate2 model takes "
                          "--quantization (e.g. int8 or float16).")
-    given = [name for name in ("beam_size", "length_penalty", "jit_compile") if getattr(args, name) is not None]
+    given = [name for name in ("search", "beam_size", "length_penalty", "jit_compile") if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} do not apply to a CTranslate2 model: its search is chosen when "

@@ -199,6 +199,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             "end_id": translator.tgt_tokenizer.end_id,
         },
         "decoding": {
+            "search": {"name": translator.search.name, **translator.search.get_config()},
             "beam_size": translator.beam_size,
             "length_penalty": translator.length_penalty,
             "source_max_length": translator.source_max_length,

@@ -7,10 +7,9 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.packing import pack_source
-from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.beam_search import check_length_penalty
-from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding import growing_cache
+from keras_transformer.decoding import strategies
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.precision import compute_dtype
 from keras_transformer.tokenizers.normalization import normalize_text
@@ -105,8 +104,13 @@ class Translator(tf.Module):
             through a float32 copy (`self.model`), the same weights.
         src_tokenizer: `SubwordTokenizer` of the source language.
         tgt_tokenizer: `SubwordTokenizer` of the target language.
-        beam_size: int, 1 for greedy decoding.
-        length_penalty: float, GNMT `alpha` for beam search.
+        beam_size: int, 1 for greedy decoding (default 4).
+        length_penalty: float, GNMT `alpha` for beam search (default 0.6).
+        search: instead of `beam_size` and `length_penalty`, a decoding
+            strategy (`decoding.strategies.GreedySearch()`,
+            `BeamSearch(beam_size, length_penalty)`) or its name or config
+            for `decoding.strategies.get` (`"greedy"`, `{"name": "beam",
+            "beam_size": 5}`).
         max_length: int, most output tokens; default the model's.
         length_ratio: optional float; outputs stop at
             `ceil(length_ratio * source_tokens) + 10` tokens if that is
@@ -154,8 +158,9 @@ class Translator(tf.Module):
         src_tokenizer,
         tgt_tokenizer,
         *,
-        beam_size=4,
-        length_penalty=0.6,
+        beam_size=None,
+        length_penalty=None,
+        search=None,
         max_length=None,
         length_ratio=None,
         jit_compile=False,
@@ -175,8 +180,9 @@ class Translator(tf.Module):
             )
         # Checked here, not when the search is first traced (where the error
         # would come wrapped in a dump of the traced function).
-        if int(beam_size) < 1:
-            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        search = self._strategy(search, beam_size, length_penalty)
+        beam_size = getattr(search, "beam_size", 1)
+        length_penalty = getattr(search, "length_penalty", 0.6 if length_penalty is None else length_penalty)
         length_penalty = check_length_penalty(length_penalty)
         if max_length is not None and int(max_length) < 1:
             raise ValueError(f"`max_length` must be at least 1 output token; got {max_length}.")
@@ -211,6 +217,7 @@ class Translator(tf.Module):
                 f"`beam_size`={beam_size} exceeds the target vocabulary size "
                 f"{tgt_tokenizer.vocab_size}: pass a smaller beam."
             )
+        self.search = search
         self.beam_size = int(beam_size)
         self.length_penalty = float(length_penalty)
         self.max_length = max_length
@@ -249,26 +256,35 @@ class Translator(tf.Module):
             n_best))`; with `beam_size=1`, `n_best` must be 1 and scores
             are summed log-probabilities.
         """
-        if self.beam_size == 1 and n_best != 1:
-            raise ValueError("Greedy decoding (beam_size=1) returns n_best=1 only.")
+        if n_best > self.search.max_n_best or n_best < 1:
+            if self.beam_size == 1:
+                raise ValueError("Greedy decoding (beam_size=1) returns n_best=1 only.")
+            raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
         if self.jit_compile:
             length = tf.shape(source_ids)[1]
             padded = tf.minimum((length + 7) // 8 * 8, tf.maximum(self.source_max_length, length))
             source_ids = tf.pad(source_ids, [[0, 0], [0, padded - length]])
         return self._search(source_ids, n_best)
 
+    @staticmethod
+    def _strategy(search, beam_size, length_penalty):
+        """The decoding strategy the arguments ask for."""
+        if search is not None:
+            if beam_size is not None or length_penalty is not None:
+                raise ValueError("Pass either `search` or `beam_size` / `length_penalty`, not both: "
+                                 "set the beam on the strategy (BeamSearch(beam_size, length_penalty)).")
+            return strategies.get(search)
+        beam_size = 4 if beam_size is None else int(beam_size)
+        if beam_size < 1:
+            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        if beam_size == 1:
+            if length_penalty is not None:
+                check_length_penalty(length_penalty)
+            return strategies.GreedySearch()
+        return strategies.BeamSearch(beam_size, 0.6 if length_penalty is None else length_penalty)
+
     def _search_ids(self, source_ids, n_best):
-        if self.beam_size == 1:
-            tokens, scores = greedy_search(self._parts, source_ids, **self._search_kwargs())
-            return tokens[:, None, :], scores[:, None]
-        return beam_search(
-            self._parts,
-            source_ids,
-            beam_size=self.beam_size,
-            length_penalty=self.length_penalty,
-            n_best=n_best,
-            **self._search_kwargs(),
-        )
+        return self.search(self._parts, source_ids, n_best=n_best, **self._search_kwargs())
 
     def attention(self, text):
         """The translation of one sentence with its cross-attention weights.
