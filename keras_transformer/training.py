@@ -49,7 +49,7 @@ from keras_transformer.precision import precision_source
 from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
-from keras_transformer.tokenizers.subword_tokenizer import train_subword_tokenizer
+from keras_transformer.tokenizers.trainer import train_subword_tokenizer
 from keras_transformer.distribution import data_parallel_scope
 from keras_transformer.distribution import num_replicas
 

@@ -9,9 +9,7 @@ from keras_transformer.tokenizers.subword_tokenizer import START_PIECE
 from keras_transformer.tokenizers.subword_tokenizer import UNK_ID
 from keras_transformer.tokenizers.subword_tokenizer import UNK_PIECE
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
-from keras_transformer.tokenizers.subword_tokenizer import (
-    train_subword_tokenizer,
-)
+from keras_transformer.tokenizers.trainer import train_subword_tokenizer
 
 __all__ = [
     "END_ID",
