@@ -15,6 +15,7 @@ from conftest import REPO
 
 NEUTRAL_FILES = [
     "tests/test_layers.py",
+    "tests/test_layer_battery.py",
     "tests/test_model.py",
     "tests/test_decoding.py",
     "tests/test_losses.py",
