@@ -11,6 +11,7 @@ strings out (SentencePiece included), beam 4, in these contenders:
   signature (`tf.saved_model.load`), as TF Serving runs it;
 - `saved_model_now`: the first SavedModel exported again by this version of
   the library (its weights, tokenizers and search), the same way;
+  `saved_model_int8` the same with int8 weight storage;
 - `translator`: the in-process `Translator` rebuilt on the first SavedModel's
   weights (`loading.translator_from_saved_model`), through `Translator.serve`;
 - `ct2_float32`, `ct2_int8`: the first SavedModel converted with
@@ -174,6 +175,8 @@ def main():
     plan = [(f"saved_model:{os.path.basename(os.path.normpath(p))}" if len(saved_models) > 1 else "saved_model",
              "saved_model", p) for p in saved_models]
     plan.append(("saved_model_now", "saved_model", reexport))
+    int8 = export_translator(again, os.path.join(work, "saved_model_int8"), weights_dtype="int8")
+    plan.append(("saved_model_int8", "saved_model", int8))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
              ("ct2_int8", "ct2_int8", ct2_int8)]
     contenders = []

@@ -558,8 +558,9 @@ def main(argv=None):
                         "SentencePiece models (needs the ctranslate2 extra)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
                    help="CTranslate2 weight type (default: float32)")
-    p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16"],
-                   help="float16 halves the SavedModel; computation stays float32")
+    p.add_argument("--weights-dtype", default="float32", choices=["float32", "float16", "int8"],
+                   help="float16 halves the SavedModel, int8 (per-channel scales) quarters its "
+                        "matrices; computation stays float32")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the SavedModel already in the --output folder")
     _decoding_args(p, batches=False)

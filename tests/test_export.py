@@ -236,6 +236,48 @@ def test_float16_weight_storage_halves_variables_and_keeps_translations(exported
         export_translator(translator, str(tmp_path / "bad"), weights_dtype="int4")
 
 
+@pytest.mark.parametrize("name", ["beam", "tied"])
+def test_int8_weight_storage_serves_the_dequantized_model(exported, tmp_path, name):
+    """Issue 18: `weights_dtype="int8"` stores each matrix as int8 with a
+    per-channel scale; the SavedModel translates exactly as the model whose
+    matrices are `q * scale` does in process, with core ops only."""
+    from keras_transformer.quantization import quantize_int8
+
+    translators, paths = exported
+    translator = translators[name]
+    path = export_translator(translator, str(tmp_path / "int8"), weights_dtype="int8")
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    # Matrices are int8; their scales keep the reduced axis with size 1.
+    matrices = {n for n, shape in shapes.items() if "OBJECT_GRAPH" not in n and len(shape) >= 2 and min(shape) > 1}
+    assert matrices and all(dtypes[n] == tf.int8 for n in matrices)
+
+    def stored_bytes(folder):
+        return os.path.getsize(os.path.join(folder, "variables", "variables.data-00000-of-00001"))
+
+    assert stored_bytes(path) < 0.45 * stored_bytes(paths[name])
+    ops = set(saved_model_op_types(path))
+    assert ops <= set(saved_model_op_types(paths[name])) | {"Cast", "Mul"}
+
+    rebuilt = keras.models.clone_model(translator.model)
+    values = []
+    for variable in translator.model.weights:
+        value = variable.numpy()
+        if value.ndim >= 2:
+            q, scale = quantize_int8(value, -1 if variable.path.endswith("embeddings") else 0)
+            value = q.astype("float32") * scale
+        values.append(value)
+    rebuilt.set_weights(values)
+    assert not np.array_equal(values[0], translator.model.weights[0].numpy())
+    want = Translator(rebuilt, translator.src_tokenizer, translator.tgt_tokenizer,
+                      search=translator.search)(INPUTS).numpy().tolist()
+    loaded = tf.saved_model.load(path)
+    got = loaded.signatures["serving_default"](text=tf.constant(INPUTS))["translation"].numpy().tolist()
+    assert got == want
+    ids = loaded.signatures["translate_ids"](source_ids=tf.constant([[5, 6, 3]]))["target_ids"]
+    assert ids.dtype == tf.int32
+
+
 def test_n_best_and_token_id_signatures(exported):
     """The n-best signature returns beam_size distinct, sorted hypotheses whose
     first equals serving_default; the id signature equals tokenizing by hand."""
@@ -332,7 +374,7 @@ SAVED_MODEL_CLI = (
 )
 
 
-@pytest.mark.parametrize("weights_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("weights_dtype", ["float32", "float16", "int8"])
 def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights_dtype):
     """`saved_model_cli show` lists the signatures; `saved_model_cli run` loads
     the model with the TF1 session loader, the one TF Serving uses, and gives
@@ -341,8 +383,8 @@ def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights
     translators, paths = exported
     translator = translators["beam"]
     path = paths["beam"]
-    if weights_dtype == "float16":
-        path = export_translator(translator, str(tmp_path / "f16"), weights_dtype="float16")
+    if weights_dtype != "float32":
+        path = export_translator(translator, str(tmp_path / weights_dtype), weights_dtype=weights_dtype)
     show = subprocess.run([sys.executable, "-c", SAVED_MODEL_CLI, "show", "--dir", path, "--all"],
                           capture_output=True, text=True, timeout=300)
     assert show.returncode == 0, show.stderr[-2000:]
