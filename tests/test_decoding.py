@@ -354,11 +354,23 @@ def test_growing_caches_give_the_fixed_caches_results(parts):
         assert tuple(grown[0][0].shape) == (2, parts.num_heads, parts.key_dim, t + 1)
         assert tuple(grown[0][1].shape) == (2, parts.num_heads, t + 1, parts.key_dim)
 
+    # Beam search also drops the sentences that are done from the batch:
+    # sources of several lengths with a length ratio end at different steps.
+    varied = np.array([[5, END, 0, 0, 0, 0], [5, 6, 7, 8, 9, END], [8, 9, END, 0, 0, 0],
+                       [4, 5, 6, END, 0, 0], [7, END, 0, 0, 0, 0]], "int32")
     spec = [tf.TensorSpec([None, None], tf.int32)]
-    for search, kwargs in ((greedy_search, {}), (beam_search, {"beam_size": 3, "n_best": 2})):
+    cases = (
+        (greedy_search, SOURCES, {}),
+        (beam_search, SOURCES, {"beam_size": 3, "n_best": 2}),
+        (beam_search, varied, {"beam_size": 3, "n_best": 2, "length_ratio": 0.5, "length_offset": 1}),
+        (beam_search, varied, {"beam_size": 4, "length_penalty": 1.0}),
+    )
+    for search, sources, kwargs in cases:
         results = [
-            tf.function(lambda s, p=p: search(p, s, start_id=START, end_id=END, **kwargs), input_signature=spec)(SOURCES)
+            tf.function(lambda s, p=p: search(p, s, start_id=START, end_id=END, **kwargs), input_signature=spec)(sources)
             for p in (parts, growing)
         ]
         np.testing.assert_array_equal(to_numpy(results[1][0]), to_numpy(results[0][0]))
         np.testing.assert_allclose(to_numpy(results[1][1]), to_numpy(results[0][1]), atol=1e-5)
+        eager = search(growing, sources, start_id=START, end_id=END, **kwargs)  # and in eager mode
+        np.testing.assert_array_equal(to_numpy(eager[0]), to_numpy(results[0][0]))

@@ -9,7 +9,12 @@ slot, and beam search reorders every slot. On TensorFlow without XLA a
 fraction of the memory traffic (outputs are the same; only the float
 summation order of the attention can differ in the last bits).
 
-`TransformerParts(model, growing_cache=True)` switches it on;
+With the same switch, `beam_search` drops each sentence from the batch
+once its `n_best` hypotheses are final, instead of carrying it until the
+slowest sentence is done: later steps run on fewer rows (`relax_batch`
+lets the loop's tensors shrink).
+
+`TransformerParts(model, growing_cache=True)` switches both on;
 `Translator` does on the tensorflow backend unless `jit_compile` is set.
 """
 
@@ -33,3 +38,13 @@ def empty_growing_cache(batch_size, num_heads, key_dim, dtype):
         tf.raw_ops.PlaceholderWithDefault(input=key, shape=[None, num_heads, key_dim, None]),
         tf.raw_ops.PlaceholderWithDefault(input=value, shape=[None, num_heads, None, key_dim]),
     )
+
+
+def relax_batch(tensor):
+    """`tensor` with its first axis unknown to the graph, so a
+    `tf.while_loop` accepts it shrinking (beam search drops the sentences
+    that are done)."""
+    import tensorflow as tf
+
+    shape = [None] + list(tensor.shape[1:])
+    return tf.raw_ops.PlaceholderWithDefault(input=tensor, shape=shape)
