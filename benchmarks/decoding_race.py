@@ -12,6 +12,9 @@ strings out (SentencePiece included), beam 4, in these contenders:
 - `saved_model_now`: the first SavedModel exported again by this version of
   the library (its weights, tokenizers and search), the same way;
   `saved_model_int8` the same with int8 weight storage;
+  `saved_model_now_1thread` the same with one TensorFlow thread for ops and
+  one inside them (TF Serving's `--tensorflow_inter_op_parallelism=1
+  --tensorflow_intra_op_parallelism=1`): less thread hand-off per small op;
 - `translator`: the in-process `Translator` rebuilt on the first SavedModel's
   weights (`loading.translator_from_saved_model`), through `Translator.serve`;
 - `ct2_float32`, `ct2_int8`: the first SavedModel converted with
@@ -47,9 +50,13 @@ BEAM_SIZE = 4
 
 def _load(kind, path):
     """`translate(list of str) -> list of str` for one contender."""
-    if kind == "saved_model":
+    if kind.startswith("saved_model"):
         import tensorflow as tf
         import tensorflow_text  # noqa: F401
+
+        if kind.endswith("@1x1"):  # TF Serving: --tensorflow_{inter,intra}_op_parallelism=1
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+            tf.config.threading.set_intra_op_parallelism_threads(1)
 
         serve = tf.saved_model.load(path).signatures["serving_default"]
         return lambda lines: [t.decode("utf-8") for t in serve(text=tf.constant(lines))["translation"].numpy()]
@@ -175,6 +182,7 @@ def main():
     plan = [(f"saved_model:{os.path.basename(os.path.normpath(p))}" if len(saved_models) > 1 else "saved_model",
              "saved_model", p) for p in saved_models]
     plan.append(("saved_model_now", "saved_model", reexport))
+    plan.append(("saved_model_now_1thread", "saved_model@1x1", reexport))
     int8 = export_translator(again, os.path.join(work, "saved_model_int8"), weights_dtype="int8")
     plan.append(("saved_model_int8", "saved_model", int8))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),

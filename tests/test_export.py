@@ -236,7 +236,7 @@ def test_float16_weight_storage_halves_variables_and_keeps_translations(exported
         export_translator(translator, str(tmp_path / "bad"), weights_dtype="int4")
 
 
-@pytest.mark.parametrize("name", ["beam", "tied"])
+@pytest.mark.parametrize("name", ["tied"])
 def test_int8_weight_storage_serves_the_dequantized_model(exported, tmp_path, name):
     """Issue 18: `weights_dtype="int8"` stores each matrix as int8 with a
     per-channel scale; the SavedModel translates exactly as the model whose
