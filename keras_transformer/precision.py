@@ -66,13 +66,9 @@ def cpu_has_bfloat16(cpuinfo="/proc/cpuinfo"):
 
 
 def _has_gpu():
-    import keras
+    from keras_transformer.devices import has_accelerator
 
-    if keras.backend.backend() != "tensorflow":
-        return False
-    from keras_transformer import kernels
-
-    return kernels.has_accelerator()
+    return has_accelerator()
 
 
 def resolve_precision(precision="auto", d_model=None):

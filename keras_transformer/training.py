@@ -45,6 +45,7 @@ from keras_transformer.models.transformer import check_sizes
 from keras_transformer.models.transformer import embedding_layers
 from keras_transformer.optimizers import Adam
 from keras_transformer import kernels
+from keras_transformer.devices import has_accelerator
 from keras_transformer.precision import precision_source
 from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
@@ -306,7 +307,7 @@ def _fast_path(config):
     backend = keras.backend.backend()
     if backend != "tensorflow":
         return f"{backend} ops (the fused kernels are TensorFlow CPU ops)"
-    if kernels.has_accelerator():
+    if has_accelerator():
         return "TensorFlow ops (the fused kernels are CPU ops; TensorFlow sees an accelerator)"
     if config.jit_compile is True:  # "auto" is no XLA on a CPU-only machine
         return "XLA (--jit-compile; the fused kernels run outside XLA only)"

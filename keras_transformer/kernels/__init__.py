@@ -67,6 +67,9 @@ import tempfile
 import threading
 import warnings
 
+from keras_transformer.devices import has_accelerator  # noqa: F401 (public here too)
+from keras_transformer.devices import in_xla_context
+
 ENV_SWITCH = "KERAS_TRANSFORMER_FUSED_KERNELS"
 ENV_CACHE = "KERAS_TRANSFORMER_CACHE"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_ops.cc")
@@ -284,24 +287,6 @@ def load():
     return None if isinstance(module, str) else module
 
 
-def _in_xla():
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    if tf.executing_eagerly():
-        return False
-    graph = tf.compat.v1.get_default_graph()
-    return control_flow_util.GraphOrParentsInXlaContext(graph)
-
-
-@functools.lru_cache(maxsize=None)
-def has_accelerator():
-    """Whether TensorFlow sees a device other than the CPU (GPU, TPU)."""
-    import tensorflow as tf
-
-    return any(d.device_type != "CPU" for d in tf.config.list_logical_devices())
-
-
 # The row gathers only move rows; they also take bfloat16 (mixed_bfloat16).
 GATHER_DTYPES = ("float32", "bfloat16")
 
@@ -317,7 +302,7 @@ def usable(*tensors, dtypes=("float32",)):
         return False
     if any(keras.backend.standardize_dtype(t.dtype) not in dtypes for t in tensors):
         return False
-    return not _in_xla() and load() is not None
+    return not in_xla_context() and load() is not None
 
 
 def dropout_constants(rate):

@@ -19,6 +19,8 @@ returns `None` and the layers keep the padded layout.
 import math
 
 import keras
+
+from keras_transformer.devices import in_xla_context
 from keras import ops
 
 from keras_transformer import kernels
@@ -31,18 +33,7 @@ def dynamic_shapes_allowed():
     (every `jax.jit` shape is static) and inside a TensorFlow function
     compiled with `jit_compile=True`.
     """
-    backend = keras.backend.backend()
-    if backend == "torch":
-        return True
-    if backend == "tensorflow":
-        import tensorflow as tf
-        from tensorflow.python.ops import control_flow_util
-
-        if tf.executing_eagerly():
-            return True
-        graph = tf.compat.v1.get_default_graph()
-        return not control_flow_util.GraphOrParentsInXlaContext(graph)
-    return False
+    return not in_xla_context()
 
 
 class Unpadding:
