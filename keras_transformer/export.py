@@ -64,36 +64,6 @@ class Float16StoragePolicy(keras.dtype_policies.DTypePolicy):
 WEIGHTS_DTYPES = ("float32", "float16", "int8")
 
 
-class _Int8Serving(tf.Module):
-    """The three serving functions of `translator`, reading the model's
-    matrices from int8 copies (`quantization.Int8Weights`)."""
-
-    def __init__(self, translator):
-        super().__init__(name="int8_serving")
-        if translator.jit_compile:
-            raise ValueError("int8 weights are exported without XLA; pass a Translator with "
-                             "jit_compile=False.")
-        from keras_transformer.quantization import Int8Weights
-
-        self.weights = Int8Weights(translator.model)
-        self.translator = translator
-        # The search inlines into each serving function, so that it reads
-        # the rebuilt matrices of that function's scope.
-        translator._search = translator._search_ids
-        kind = type(translator)
-        for name in ("serve", "serve_n_best", "serve_ids"):
-            method = getattr(kind, name)
-            setattr(self, name, tf.function(self._scoped(method.python_function),
-                                             input_signature=method.input_signature))
-
-    def _scoped(self, function):
-        def scoped(argument):
-            with self.weights.scope():
-                return function(self.translator, argument)
-
-        return scoped
-
-
 def with_weights_dtype(model, weights_dtype):
     """A copy of `model` whose variables are stored as `weights_dtype`.
 
@@ -107,7 +77,7 @@ def with_weights_dtype(model, weights_dtype):
     Raises:
         ValueError: for another `weights_dtype`.
     """
-    if weights_dtype in ("float32", "int8"):  # int8: quantized at export (`_Int8Serving`)
+    if weights_dtype in ("float32", "int8"):  # int8: quantized at export (`serving.ServingSignatures`)
         return model
     if weights_dtype != "float16":
         raise ValueError(
@@ -186,7 +156,16 @@ def export_translator(translator, path, weights_dtype="float32"):
             allow_unk=translator.allow_unk,
             jit_compile=translator.jit_compile,
         )
-    server = _Int8Serving(translator) if weights_dtype == "int8" else translator
+    if weights_dtype == "int8":
+        if translator.jit_compile:
+            raise ValueError("int8 weights are exported without XLA; pass a Translator with "
+                             "jit_compile=False.")
+        from keras_transformer.quantization import Int8Weights
+        from keras_transformer.serving import ServingSignatures
+
+        server = ServingSignatures(translator, Int8Weights(translator.model))
+    else:
+        server = translator.signatures
     signatures = {
         "serving_default": server.serve.get_concrete_function(),
         "translate_n_best": server.serve_n_best.get_concrete_function(),

@@ -16,70 +16,6 @@ from keras_transformer.tokenizers.normalization import normalize_text
 from keras_transformer.precision import with_dtype_policy
 
 
-# The string signatures take a string or a batch of strings. The rank is left
-# open on purpose: with a fixed `[None]`, graph optimisations trust that rank,
-# and a scalar sent by a client would crash deep in the graph instead of
-# being translated.
-TEXT_SPEC = tf.TensorSpec(None, tf.string, name="text")
-
-
-def as_batch(text):
-    """A `tf.string` tensor of rank 0 or 1 as a `(batch,)` vector.
-
-    Raises:
-        tf.errors.InvalidArgumentError: (in the graph) for rank 2 or more.
-    """
-    check = tf.debugging.assert_less_equal(
-        tf.rank(text),
-        1,
-        message="`text` must be a string or a 1-D batch of strings; flatten it first",
-    )
-    with tf.control_dependencies([check]):
-        return tf.reshape(text, [-1])
-
-
-# Same for the id signature: a row `(length,)` is a batch of one.
-IDS_SPEC = tf.TensorSpec(None, tf.int32, name="source_ids")
-
-
-def as_id_batch(source_ids, vocab_size):
-    """An int32 id tensor of rank 1 or 2 as a `(batch, length)` matrix.
-
-    Raises:
-        tf.errors.InvalidArgumentError: (in the graph, before any other op
-            uses the ids) for rank 0 or 3+, or for an id outside
-            `[0, vocab_size)`.
-    """
-    rank = tf.rank(source_ids)
-    checks = [
-        tf.debugging.assert_greater_equal(
-            rank, 1,
-            message="`source_ids` must be a row of ids (length,) or a batch "
-            "(batch, length), not a scalar",
-        ),
-        tf.debugging.assert_less_equal(
-            rank, 2,
-            message="`source_ids` must be a row of ids (length,) or a batch "
-            "(batch, length) padded with 0; flatten it first",
-        ),
-    ]
-    with tf.control_dependencies(checks):
-        shape = tf.shape(source_ids)
-        rows = tf.where(tf.equal(rank, 1), 1, shape[0])
-        batch = tf.reshape(source_ids, tf.stack([rows, shape[rank - 1]]))
-    largest = tf.reduce_max(tf.concat([tf.reshape(batch, [-1]), [0]], 0))  # 0 if empty
-    in_range = tf.debugging.assert_less(
-        largest,
-        vocab_size,
-        message=f"`source_ids` must be ids of the source vocabulary, in [0, {vocab_size})",
-    )
-    non_negative = tf.debugging.assert_non_negative(
-        batch, message="`source_ids` must not be negative"
-    )
-    with tf.control_dependencies([in_range, non_negative]):
-        return tf.identity(batch)
-
-
 class Translator(tf.Module):
     """Translate strings with a trained Transformer, in one TensorFlow graph.
 
@@ -226,6 +162,7 @@ class Translator(tf.Module):
         self.jit_compile = bool(jit_compile)
         self.allow_unk = bool(allow_unk)
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile)
+        self._signatures = None
 
     def _search_kwargs(self):
         return dict(
@@ -345,16 +282,20 @@ class Translator(tf.Module):
         scores = tf.where(blank, tf.zeros_like(scores), scores)
         return texts, scores
 
-    @tf.function(input_signature=[TEXT_SPEC])
-    def serve(self, text):
-        """The serving signature: `text` (batch,) -> translation, score.
+    @property
+    def signatures(self):
+        """The serving functions of this translator
+        (`keras_transformer.serving.ServingSignatures`), made on first use."""
+        if self._signatures is None:
+            from keras_transformer.serving import ServingSignatures
 
-        `text` may also be a scalar string (a batch of one; the outputs are
-        then of shape (1,)); a higher rank is an `InvalidArgumentError` that
-        says so, raised before any other op runs.
-        """
-        translations, scores = self.translate_batch(as_batch(text))
-        return {"translation": translations[:, 0], "score": scores[:, 0]}
+            self._signatures = ServingSignatures(self)
+        return self._signatures
+
+    def serve(self, text):
+        """`serving_default`: `text` (batch,) -> `{"translation", "score"}`;
+        see `ServingSignatures.serve`."""
+        return self.signatures.serve(text)
 
     def translate_lines(self, lines, batch_size=64, progress=False):
         """Translate a list of `str`; see `translate_lines`."""
@@ -367,49 +308,16 @@ class Translator(tf.Module):
         scores; see `translate_n_best`."""
         return translate_n_best(self.serve_n_best, lines, n, batch_size)
 
-    @tf.function(input_signature=[TEXT_SPEC])
     def serve_n_best(self, text):
-        """N-best signature: `text` (batch,) -> `translations` (batch, n) and
-        `scores` (batch, n), best first, with n = `beam_size`. A scalar
-        `text` is a batch of one, as in `serve`."""
-        translations, scores = self.translate_batch(as_batch(text), n_best=self.beam_size)
-        return {"translations": translations, "scores": scores}
+        """`translate_n_best`: `text` (batch,) -> `{"translations",
+        "scores"}`, `(batch, beam_size)` each; see
+        `ServingSignatures.serve_n_best`."""
+        return self.signatures.serve_n_best(text)
 
-    @tf.function(input_signature=[IDS_SPEC])
     def serve_ids(self, source_ids):
-        """Token-id signature for clients that tokenize themselves.
-
-        `source_ids` int32 (batch, length): source subword ids, each row
-        ending with `end_id` and padded with `pad_id` (0); longer rows than
-        the model's `max_length` are cut to `max_length - 1` ids + `end_id`.
-        A single row `(length,)` is a batch of one.
-        Returns `target_ids` int32 (batch, length): output ids ending with
-        `end_id` then `pad_id`, no `start_id`; and `score` float32 (batch,).
-        A row without source tokens (only `end_id` and padding) gives the
-        end id alone and score 0, as a blank string does in `serve`.
-
-        Raises:
-            tf.errors.InvalidArgumentError: for rank 0 or 3+, or an id
-                outside `[0, source vocab_size)`, before decoding starts.
-        """
-        source_ids = as_id_batch(source_ids, self.src_tokenizer.vocab_size)
-        source_ids = self._clip_source(source_ids)
-        tokens, scores = self.translate_ids(source_ids)
-        tokens, scores = tokens[:, 0], scores[:, 0]
-        # A row with no source token (only the end id and padding) gets the
-        # empty output, as a blank `text` does: the end id alone, score 0.
-        special = tf.logical_or(
-            tf.equal(source_ids, self.src_tokenizer.pad_id),
-            tf.equal(source_ids, self.src_tokenizer.end_id),
-        )
-        blank = tf.reduce_all(special, axis=1)
-        empty = tf.one_hot(
-            0, tf.shape(tokens)[1], on_value=self.tgt_tokenizer.end_id,
-            off_value=self.tgt_tokenizer.pad_id, dtype=tokens.dtype,
-        )
-        tokens = tf.where(blank[:, None], empty[None, :], tokens)
-        scores = tf.where(blank, tf.zeros_like(scores), scores)
-        return {"target_ids": tokens, "score": scores}
+        """`translate_ids`: int32 `source_ids` -> `{"target_ids", "score"}`;
+        see `ServingSignatures.serve_ids`."""
+        return self.signatures.serve_ids(source_ids)
 
     def _clip_source(self, source_ids):
         limit = self.source_max_length
