@@ -2,6 +2,7 @@
 
     python examples/multi30k.py --data ../shared/data/multi30k --pair en-de train
     python examples/multi30k.py --data ../shared/data/multi30k --pair en-de ship
+    python examples/multi30k.py --data ../shared/data/multi30k --pair en-de refresh
 
 `train` runs `keras_transformer.training.train` with the recipe below into
 `runs/multi30k-<pair>`; it is resumable: run it again on the same `--run`
@@ -21,6 +22,9 @@ last 5 epoch checkpoints averaged.
 exports it with float16 weight storage to `saved_models/multi30k-<pair>/`,
 translates val and test_2016_flickr with the exported SavedModel, and writes
 `metrics.json` and `MODEL_CARD.md` there. Nothing is tuned on the test set.
+
+`refresh` exports the shipped SavedModel again with this version of the
+library (same weights, tokenizers and search) and rescores it.
 """
 
 import argparse
