@@ -64,3 +64,37 @@ def test_shipped_model_serves_the_current_signatures():
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match="source vocabulary"):
         by_ids(source_ids=tf.constant([[25, 10**6, end_id]], tf.int32))
+
+
+@pytest.mark.corpus
+def test_shipped_model_translates_whitespace_and_unicode_variants_alike(multi30k):
+    """Issue 17 on the shipped model: 123 of 180 whitespace variants of 30
+    test sentences translated differently (a leading space turned "café"
+    into "Abschleppwagen"), and blanks in other scripts gave "Tuch.".
+    Leading, trailing, doubled, tab and no-break spaces, NFD text and a BOM
+    now give the plain sentence's translation; Unicode blanks give ""."""
+    import unicodedata
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    from keras_transformer.data.text_files import read_lines
+
+    sentences = read_lines(os.path.join(multi30k, "test_2016_flickr.en.gz"))[:30]
+    sentences.append("A girl in a café is drinking coffee.")
+    variants = {
+        "leading": lambda s: " " + s, "trailing": lambda s: s + " ",
+        "doubled": lambda s: s.replace(" ", "  "), "tab": lambda s: s.replace(" ", "\t", 1),
+        "no-break": lambda s: s.replace(" ", "\u00a0"), "nfd": lambda s: unicodedata.normalize("NFD", s),
+        "bom": lambda s: "\ufeff" + s,
+    }
+    serve = tf.saved_model.load(str(SHIPPED)).signatures["serving_default"]
+
+    def translate(batch):
+        return [t.decode("utf-8") for t in serve(text=tf.constant(batch))["translation"].numpy()]
+
+    plain = translate(sentences)
+    for name, change in variants.items():
+        assert translate([change(s) for s in sentences]) == plain, name
+    blanks = ["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", ""]
+    assert translate(blanks) == [""] * len(blanks)
