@@ -6,6 +6,7 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 import argparse
 import contextlib
 import io
+import re
 import json
 import math
 import os
@@ -142,7 +143,7 @@ def _check_saved_model_args(args):
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(
-            f"{flags} apply to --run only: a SavedModel decodes with the settings it was "
+            f"{flags} {'applies' if len(given) == 1 else 'apply'} to --run only: a SavedModel decodes with the settings it was "
             "exported with. Drop them, or export again with them (`keras-transformer export "
             "--run RUN --output DIR --beam-size N ...`)."
         )
@@ -162,10 +163,8 @@ def _translator_object(args):
         from keras_transformer.loading import SavedModelTranslator
 
         _check_saved_model_args(args)
-        with _quiet_native_stderr():
-            return SavedModelTranslator(args.saved_model)
-    with _quiet_native_stderr():
-        return _translator(args)
+        return SavedModelTranslator(args.saved_model)
+    return _translator(args)
 
 
 def _translate_fn(args):
@@ -350,11 +349,10 @@ def _export_ctranslate2(args):
     given = [name for name in ("search", "beam_size", "length_penalty", "jit_compile") if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise ValueError(f"{flags} do not apply to a CTranslate2 model: its search is chosen when "
+        raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to a CTranslate2 model: its search is chosen when "
                          "translating (ctranslate2.Translator.translate_batch).")
-    with _quiet_native_stderr():
-        export_ctranslate2(args.run or args.saved_model, args.output, quantization=args.quantization,
-                           overwrite=args.overwrite, which=args.checkpoint or "best")
+    export_ctranslate2(args.run or args.saved_model, args.output, quantization=args.quantization,
+                       overwrite=args.overwrite, which=args.checkpoint or "best")
     print(f"CTranslate2 model written to {args.output}")
 
 
@@ -458,29 +456,55 @@ _START_UP_NOISE = (
 )
 
 
+def _is_noise(line):
+    return any(noise in line for noise in _START_UP_NOISE)
+
+
+# The starts of the lines `_START_UP_NOISE` matches: absl log lines ("I0000
+# 00:00:..."), SentencePiece's normalizer and TensorFlow's banner lines.
+_NOISE_START = re.compile(r"^(?:[IWE]\d{0,4}|normalizer\.cc|WARNING: All log|To enable the)")
+
+
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Capture what native code writes to stderr (file descriptor 2) in the
-    block, then write back every line but TensorFlow's and SentencePiece's
-    start-up notices (`_START_UP_NOISE`)."""
-    import tempfile
+    """Pass what is written to stderr (file descriptor 2, native code
+    included) through, as it comes, but the start-up notices of TensorFlow
+    and SentencePiece (`_START_UP_NOISE`). A partial line is passed on at
+    once (progress bars) unless it may start such a notice."""
+    import threading
 
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode("utf-8", "replace")
-            kept = [line for line in text.splitlines()
-                    if line.strip() and not any(noise in line for noise in _START_UP_NOISE)]
-            if kept:
-                print("\n".join(kept), file=sys.stderr)
+    original = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump():
+        pending = b""
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            while True:
+                chunk = pipe.read(65536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                out = [line + b"\n" for line in lines if not _is_noise(line.decode("utf-8", "replace"))]
+                if pending and not _NOISE_START.match(pending.decode("utf-8", "replace")):
+                    out.append(pending)
+                    pending = b""
+                if out:
+                    os.write(original, b"".join(out))
+        if pending and not _is_noise(pending.decode("utf-8", "replace")):
+            os.write(original, pending)
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # closes the pipe's last write end: the pump ends
+        thread.join(timeout=10)
+        os.close(original)
 
 
 def _import_backend_quietly():
@@ -488,11 +512,10 @@ def _import_backend_quietly():
     their start-up notices left out."""
     if "tensorflow" in sys.modules:
         return
-    with _quiet_native_stderr():
-        import keras  # noqa: F401
-        import tensorflow as tf
+    import keras  # noqa: F401
+    import tensorflow as tf
 
-        tf.config.list_physical_devices()
+    tf.config.list_physical_devices()
 
 
 def _version():
@@ -597,8 +620,9 @@ def main(argv=None):
         _apply_config_file(train_parser, argv[1:])
     args = parser.parse_args(argv)
     try:
-        _import_backend_quietly()
-        args.func(args)
+        with _quiet_native_stderr():
+            _import_backend_quietly()
+            args.func(args)
     except KeyboardInterrupt:
         if args.command != "train":
             parser.exit(130, f"keras-transformer {args.command}: interrupted\n")

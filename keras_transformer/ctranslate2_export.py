@@ -34,6 +34,7 @@ from keras_transformer.loading import SavedModelContents
 from keras_transformer.loading import read_saved_model
 
 METADATA_FILE = "keras_transformer.json"  # what CTranslate2Translator reads
+FORMAT = "keras_transformer.ctranslate2"
 SOURCE_MODEL = "source.model"
 TARGET_MODEL = "target.model"
 QUANTIZATIONS = (None, "int8", "int8_float32", "int16", "float16")
@@ -208,31 +209,59 @@ def export_ctranslate2(source, output_dir, quantization=None, overwrite=False, w
 
     Raises:
         ImportError: when `ctranslate2` is not installed (says how to).
-        FileExistsError: when `output_dir` holds a model and not `overwrite`.
-        ValueError: for an unknown `quantization` or a source that is none
-            of the above.
+        FileExistsError: when `output_dir` holds a CTranslate2 model and not
+            `overwrite`.
+        ValueError: for an unknown `quantization`, a source that is none of
+            the above, an `output_dir` that is the source, a file, or a
+            folder of other files (never replaced, even with `overwrite`).
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}; got {quantization!r}.")
     _require_ctranslate2()
+    output_dir = os.fspath(output_dir).rstrip("/\\") or os.fspath(output_dir)
+    _check_output(source, output_dir, overwrite)
     converted = _read_source(source, which)
-    if os.path.exists(os.path.join(output_dir, "model.bin")) and not overwrite:
-        raise FileExistsError(f"{output_dir} already holds a CTranslate2 model; pass overwrite=True "
-                              "(--overwrite) to replace it, or choose another folder.")
     spec = _build_spec(converted)
     spec.validate()
     spec.optimize(quantization=quantization)
-    if os.path.isdir(output_dir) and overwrite:
-        shutil.rmtree(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    spec.save(output_dir)
+    # Written beside the old model, which is replaced only once the new one
+    # is complete.
+    staging = output_dir + ".export-staging"
+    if os.path.exists(staging):
+        shutil.rmtree(staging)
+    os.makedirs(staging)
+    spec.save(staging)
     for name, proto in ((SOURCE_MODEL, converted.src_proto), (TARGET_MODEL, converted.tgt_proto)):
-        with open(os.path.join(output_dir, name), "wb") as f:
+        with open(os.path.join(staging, name), "wb") as f:
             f.write(proto)
-    with open(os.path.join(output_dir, METADATA_FILE), "w") as f:
-        json.dump({"lowercase": converted.lowercase, "special_ids": converted.special_ids,
+    with open(os.path.join(staging, METADATA_FILE), "w") as f:
+        json.dump({"format": FORMAT, "lowercase": converted.lowercase, "special_ids": converted.special_ids,
                    "source_max_length": converted.max_positions, "quantization": quantization}, f, indent=2)
+    if os.path.isdir(output_dir):
+        shutil.rmtree(output_dir)
+    os.replace(staging, output_dir)
     return output_dir
+
+
+def _is_ctranslate2_model(path):
+    return os.path.exists(os.path.join(path, "model.bin")) and os.path.exists(os.path.join(path, METADATA_FILE))
+
+
+def _check_output(source, output_dir, overwrite):
+    """Refuse to write where files would be lost: the source itself, a file,
+    a folder of other files, or a CTranslate2 model without `overwrite`."""
+    if isinstance(source, (str, os.PathLike)) and os.path.exists(output_dir) and \
+            os.path.samefile(os.fspath(source), output_dir):
+        raise ValueError(f"the output folder {output_dir} is the model being converted; choose another folder.")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"{output_dir} is a file; the output must be a folder.")
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        if not _is_ctranslate2_model(output_dir):
+            raise ValueError(f"{output_dir} holds files but no CTranslate2 model; choose an empty or new "
+                             "folder (overwrite replaces only a CTranslate2 model folder).")
+        if not overwrite:
+            raise FileExistsError(f"{output_dir} already holds a CTranslate2 model; pass --overwrite "
+                                  "(overwrite=True in Python) to replace it, or choose another folder.")
 
 
 def _read_source(source, which):
@@ -275,6 +304,9 @@ class CTranslate2Translator:
         ctranslate2 = _require_ctranslate2()
         import sentencepiece
 
+        if not _is_ctranslate2_model(path):
+            raise FileNotFoundError(f"{path} is not a CTranslate2 model folder (model.bin and {METADATA_FILE}); "
+                                    "make one with `keras-transformer export --format ctranslate2`.")
         with open(os.path.join(path, METADATA_FILE)) as f:
             self.metadata = json.load(f)
         self.translator = ctranslate2.Translator(path, device=device, compute_type=compute_type,
@@ -302,7 +334,13 @@ class CTranslate2Translator:
         )
 
     def translate(self, lines, beam_size=4, length_penalty=1.0, max_decoding_length=None):
-        """Translations of `lines` (list of str), one str each."""
+        """Translations of `lines` (list of str), one str each.
+
+        Raises:
+            TypeError: for one string instead of a list (wrap it: `[text]`).
+        """
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("translate takes a list of sentences, not one string; wrap it as [text].")
         pieces = self.tokenize(lines)
         out = [""] * len(pieces)
         todo = [i for i, p in enumerate(pieces) if p]

@@ -96,6 +96,9 @@ def load_translator(path, checkpoint="best", **decoding):
         return SavedModelTranslator(path)
     if os.path.exists(os.path.join(path, "config.json")):
         from keras_transformer.training import load_run
+
+        if checkpoint not in ("best", "last", "averaged"):
+            raise ValueError(f"`checkpoint` must be 'best', 'last' or 'averaged'; got {checkpoint!r}.")
         from keras_transformer.translator import Translator
 
         model, source, target, _ = load_run(path, which=checkpoint)
@@ -152,8 +155,14 @@ def read_saved_model(path):
     import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
     from tensorflow.core.protobuf import saved_model_pb2
 
-    with open(os.path.join(path, "keras_transformer.json")) as f:
-        metadata = json.load(f)
+    try:
+        with open(os.path.join(path, "keras_transformer.json")) as f:
+            metadata = json.load(f)
+    except (OSError, ValueError):
+        metadata = {}
+    if "decoding" not in metadata or "special_ids" not in metadata:
+        raise ValueError(f"{path} has no keras_transformer.json written by export_translator; read only "
+                         "SavedModels exported by keras-transformer.")
     loaded = tf.saved_model.load(path)
     weights = {v.name.rsplit(":", 1)[0]: v.numpy() for v in loaded.variables}
     proto = saved_model_pb2.SavedModel()

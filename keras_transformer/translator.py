@@ -430,8 +430,8 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64):
             raise ValueError(
                 f"The search keeps {translations.shape[1]} hypothesis(es) per sentence (its beam "
                 f"size), fewer than the {n} asked for: ask for at most {translations.shape[1]}, or "
-                "decode with a larger beam size (--beam-size with a run; a SavedModel keeps the "
-                "beam it was exported with: export it again)."
+                "decode with beam search and a larger beam (--search beam --beam-size N with a run; "
+                "a SavedModel keeps the search it was exported with: export it again)."
             )
         return [[(t.decode("utf-8"), float(s)) for t, s in zip(row_t[:n], row_s[:n])]
                 for row_t, row_s in zip(translations, scores)]

@@ -265,7 +265,7 @@ def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, ext
             main(command + extra)
         assert info.value.code == 1
         err = capsys.readouterr().err
-        assert extra[0] in err and "apply to --run only" in err, err
+        assert extra[0] in err and "applies to --run only" in err, err
 
 
 def _echo_translate(monkeypatch, stdin_bytes):

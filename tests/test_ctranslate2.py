@@ -96,9 +96,25 @@ def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
         export_ctranslate2(translator, out, quantization="int4")
     with pytest.raises(ValueError, match="neither a run folder"):
         export_ctranslate2(str(tmp_path), str(tmp_path / "x"))
+    # Never a folder of other files, even with overwrite (a new user's
+    # folder was deleted), nor the model being converted.
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="holds files but no CTranslate2 model"):
+        export_ctranslate2(translator, str(precious), overwrite=True)
+    assert (precious / "thesis.txt").read_text() == "keep me"
+    saved = export_translator(translator, str(tmp_path / "saved_model"))
+    with pytest.raises(ValueError, match="is the model being converted"):
+        export_ctranslate2(saved, saved, overwrite=True)
+    ct2 = CTranslate2Translator(out)
+    with pytest.raises(TypeError, match=r"wrap it as \[text\]"):
+        ct2.translate("A dog runs.")
+    with pytest.raises(FileNotFoundError, match="not a CTranslate2 model folder"):
+        CTranslate2Translator(saved)
     with pytest.raises(SystemExit):
         main(["export", "--format", "ctranslate2", "--run", str(tmp_path), "--output", out, "--beam-size", "2"])
-    assert "do not apply to a CTranslate2 model" in capsys.readouterr().err
+    assert "--beam-size does not apply to a CTranslate2 model" in capsys.readouterr().err
 
 
 @pytest.mark.slow

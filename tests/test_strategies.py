@@ -32,8 +32,10 @@ def test_get_accepts_names_configs_and_objects_and_refuses_the_rest():
     assert strategies.get({"name": beam.name, **beam.get_config()}) == beam  # config round trip
     with pytest.raises(ValueError, match="Unknown decoding strategy 'sampling'.*beam.*greedy"):
         strategies.get("sampling")
-    with pytest.raises(ValueError, match="'greedy' search: .*beam_size"):
+    with pytest.raises(ValueError, match=r"'greedy' search: unknown settings \['beam_size'\]; it takes none"):
         strategies.get("greedy", beam_size=2)
+    with pytest.raises(ValueError, match=r"unknown settings \['bogus'\]; it takes \['beam_size'"):
+        strategies.get({"name": "beam", "beam_size": 3, "bogus": 1})
     with pytest.raises(ValueError, match="beam_size >= 2"):
         strategies.BeamSearch(1)
     with pytest.raises(ValueError, match="n_best"):

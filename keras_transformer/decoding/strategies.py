@@ -120,8 +120,12 @@ def get(identifier, **settings):
         identifier = identifier.get("name")
     if identifier not in STRATEGIES:
         raise ValueError(f"Unknown decoding strategy {identifier!r}; use one of {sorted(STRATEGIES)}.")
-    try:
-        return STRATEGIES[identifier](**settings)
-    except TypeError as error:
-        raise ValueError(f"{identifier!r} search: cannot take the settings {sorted(settings)} "
-                         f"({error}).") from None
+    import inspect
+
+    parameters = inspect.signature(STRATEGIES[identifier].__init__).parameters.values()
+    known = {p.name for p in parameters if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"{identifier!r} search: unknown settings {unknown}; it takes "
+                         f"{sorted(known) or 'none'}.")
+    return STRATEGIES[identifier](**settings)
