@@ -54,9 +54,14 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
             summation order).
         mixed_tolerance: of mixed precision against float32, relative to the
             largest float32 output.
+
+    Returns:
+        `(output_shape, checks)`: the shape of the (first) eager output and
+        the set of the checks that ran, for the caller to assert.
     """
     call_kwargs = call_kwargs or {}
     inputs = [np.asarray(x) for x in inputs]
+    checks = set()
 
     # Eager call, finite outputs, output shape.
     layer = make_layer(dtype="float32")
@@ -69,15 +74,18 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
         shape = None
     if shape is not None and len(want) == 1:
         assert tuple(shape) == want[0].shape, (shape, want[0].shape)
+    checks.add("eager")
     if expect_mask is not None:
         mask = layer.compute_mask(*inputs)
         np.testing.assert_array_equal(to_numpy(mask), expect_mask)
+        checks.add("mask")
 
     # Symbolic call.
     symbolic = _symbolic_inputs(inputs)
     symbolic_out = _call(layer, symbolic, **call_kwargs)
     first = symbolic_out[0] if isinstance(symbolic_out, (list, tuple)) else symbolic_out
     assert tuple(first.shape)[1:] == want[0].shape[1:]
+    checks.add("symbolic")
 
     # Config round trip with the weights.
     clone = type(layer).from_config(layer.get_config())
@@ -88,6 +96,7 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
     assert clone.get_config() == layer.get_config()
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
+    checks.add("config")
 
     # .keras round trip of a functional model around the layer.
     model = keras.Model(symbolic if len(symbolic) > 1 else symbolic[0], symbolic_out)
@@ -97,6 +106,7 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
         loaded = keras.saving.load_model(path)
     for got, expected in zip(_outputs(loaded(inputs if len(inputs) > 1 else inputs[0])), want):
         np.testing.assert_allclose(got, expected, atol=tolerance)
+    checks.add("keras_file")
 
     # One fit step moves every trainable weight.
     if run_fit and layer.trainable_weights:
@@ -115,6 +125,7 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
         assert np.isfinite(history.history["loss"][0])
         for weight, old in zip(fresh.trainable_weights, before):
             assert not np.array_equal(to_numpy(weight), old), f"{weight.path} did not move in fit"
+        checks.add("fit")
 
     # Mixed precision: compute dtype, float32 variables, close to float32.
     if mixed_precision:
@@ -129,3 +140,5 @@ def run_layer_test(make_layer, inputs, *, call_kwargs=None, expect_mask=None, ru
                 assert np.all(np.isfinite(got))
                 scale = max(1.0, float(np.abs(expected).max()))
                 np.testing.assert_allclose(got, expected, atol=mixed_tolerance * scale)
+            checks.add(policy)
+    return want[0].shape, checks
