@@ -56,7 +56,7 @@ def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
     positions = [layer.get_config().get("max_length") for layer in model.layers
                  if layer.name.endswith("_embedding")]
     return SavedModelContents(
-        {weight.path: keras_value(weight) for weight in model.weights},
+        {weight.path: _value(weight) for weight in model.weights},
         src_tokenizer.proto,
         tgt_tokenizer.proto,
         src_tokenizer.lowercase,
@@ -67,7 +67,7 @@ def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
     )
 
 
-def keras_value(weight):
+def _value(weight):
     import keras
 
     return keras.ops.convert_to_numpy(weight.value)
@@ -136,15 +136,14 @@ def _build_spec(source):
     if not isinstance(source.activation, str) or source.activation not in activations:
         raise ValueError(f"CTranslate2 export supports the relu and gelu activations; the model uses "
                          f"{source.activation!r}.")
-    num_heads = weights["encoder_layer_0/self_attention/query/kernel"].shape[1]
-    norm_first = "encoder_final_norm/gamma" in weights
+    architecture = source.architecture()
+    norm_first = architecture["norm_first"]
     spec = transformer_spec.TransformerSpec.from_config(
-        (source.count("encoder"), source.count("decoder")), int(num_heads),
+        (architecture["num_layers"], architecture["num_decoder_layers"]), architecture["num_heads"],
         pre_norm=norm_first, activation=activations[source.activation],
     )
     src_name, tgt_name = _embedding_names(weights)
-    d_model = weights[src_name].shape[1]
-    table = sinusoidal_encoding(source.max_positions, d_model)
+    table = sinusoidal_encoding(source.max_positions, architecture["d_model"])
     for stack, name in ((spec.encoder, src_name), (spec.decoder, tgt_name)):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = weights[name]

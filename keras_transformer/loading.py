@@ -137,8 +137,26 @@ class SavedModelContents:
         self.activation = activation
 
     def count(self, stack):
+        """Blocks of `stack` (`"encoder"` or `"decoder"`)."""
         indices = {int(m.group(1)) for name in self.weights for m in [re.match(rf"{stack}_layer_(\d+)/", name)] if m}
         return max(indices) + 1 if indices else 0
+
+    def architecture(self):
+        """The `build_transformer` settings the weight names and shapes
+        imply: layers, heads, widths, tying, pre-LN."""
+        w = self.weights
+        tie = ("all" if "shared_embedding/token_embedding/embeddings" in w
+               else "none" if "logits/kernel" in w else "target")
+        embedding = "shared_embedding" if tie == "all" else "encoder_embedding"
+        return {
+            "num_layers": self.count("encoder"),
+            "num_decoder_layers": self.count("decoder"),
+            "d_model": int(w[f"{embedding}/token_embedding/embeddings"].shape[1]),
+            "num_heads": int(w["encoder_layer_0/self_attention/query/kernel"].shape[1]),
+            "dff": int(w["encoder_layer_0/feedforward/feedforward_intermediate_dense/kernel"].shape[1]),
+            "tie_embeddings": tie,
+            "norm_first": "encoder_final_norm/gamma" in w,
+        }
 
 
 def read_saved_model(path):
@@ -223,22 +241,12 @@ def translator_from_saved_model(path, **decoding):
     from keras_transformer.translator import Translator
 
     contents = read_saved_model(path)
-    w = contents.weights
-    tie = ("all" if "shared_embedding/token_embedding/embeddings" in w
-           else "none" if "logits/kernel" in w else "target")
-    embedding = "shared_embedding" if tie == "all" else "encoder_embedding"
     src = SubwordTokenizer(contents.src_proto, lowercase=contents.lowercase)
     tgt = SubwordTokenizer(contents.tgt_proto, lowercase=contents.lowercase)
     model = build_transformer(
-        src.vocab_size, tgt.vocab_size, num_layers=contents.count("encoder"),
-        num_decoder_layers=contents.count("decoder"),
-        d_model=w[f"{embedding}/token_embedding/embeddings"].shape[1],
-        num_heads=w["encoder_layer_0/self_attention/query/kernel"].shape[1],
-        dff=w["encoder_layer_0/feedforward/feedforward_intermediate_dense/kernel"].shape[1],
-        max_length=contents.max_positions, tie_embeddings=tie,
-        norm_first="encoder_final_norm/gamma" in w, dropout_rate=0.0,
-        layer_norm_epsilon=contents.layer_norm_epsilon, activation=contents.activation,
+        src.vocab_size, tgt.vocab_size, **contents.architecture(), max_length=contents.max_positions,
+        dropout_rate=0.0, layer_norm_epsilon=contents.layer_norm_epsilon, activation=contents.activation,
     )
     for variable in model.weights:
-        variable.assign(w[variable.path])
+        variable.assign(contents.weights[variable.path])
     return Translator(model, src, tgt, **decoding)
