@@ -8,17 +8,18 @@
 `runs/multi30k-<pair>`; it is resumable: run it again on the same `--run`
 folder to continue after an interruption (or with a larger `--epochs`).
 
-The recipe, sized so that 2 CPU cores run about 60 epochs in 2 hours: 4 + 4
-layers, d_model 128, 4 heads, dff 256 (the "Transformer-Tiny" of Wu et al.,
-2021, the best published small text-only model on Multi30k); one
+The recipe, sized so that 2 CPU cores run about 50 epochs in 2 hours: 4 + 4
+layers, d_model 128, 4 heads, dff 512 (near the "Transformer-Tiny" of Wu et
+al., 2021, the best published small text-only model on Multi30k); one
 SentencePiece vocabulary of 8,000 pieces for both sides, with the source
 embedding, target embedding and output projection tied (section 3.4);
-dropout 0.3 on the embeddings and sub-layer outputs, 0.1 on the attention
+dropout 0.2 on the embeddings and sub-layer outputs, 0.1 on the attention
 weights and the feed-forward activation; label smoothing 0.1; the warm-up
-schedule (section 5.3) with 2,000 steps at scale 2.5 (a peak learning rate
-of about 0.005); about 4,096 tokens per batch and side; early stopping after
-10 epochs without a lower validation loss; the last 10 epoch checkpoints
-averaged.
+schedule (section 5.3) with 1,000 steps at scale 0.8 (a peak learning rate
+of about 0.0022: at 2.5 times that, 0.005, this post-LN model stalled at a
+validation loss of 4.05 by epoch 10); about 4,096 tokens per batch and
+side; early stopping after 10 epochs without a lower validation loss; the
+last 10 epoch checkpoints averaged.
 
 `ship` chooses, on val only, the checkpoint (`best` by validation loss or
 `averaged`) and the search (beam size and length penalty from a small grid),
@@ -61,11 +62,11 @@ def config_for(args):
     (train_src, train_tgt), (val_src, val_tgt) = files(args, "train"), files(args, "val")
     return TrainingConfig(
         train_src=train_src, train_tgt=train_tgt, val_src=val_src, val_tgt=val_tgt,
-        output_dir=args.run, preset="small", num_layers=4, d_model=128, num_heads=4, dff=256,
+        output_dir=args.run, preset="small", num_layers=4, d_model=128, num_heads=4, dff=512,
         src_vocab_size=8000, tgt_vocab_size=8000,
-        shared_vocab=True, tie_embeddings="all", dropout_rate=0.3,
+        shared_vocab=True, tie_embeddings="all", dropout_rate=0.2,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
-        epochs=args.epochs, tokens_per_batch=4096, warmup_steps=2000, lr_scale=2.5, max_length=64,
+        epochs=args.epochs, tokens_per_batch=4096, warmup_steps=1000, lr_scale=0.8, max_length=64,
         early_stopping_patience=10, keep_checkpoints=10, average_last=10, bleu_every=5,
     )
 
