@@ -32,10 +32,12 @@ steps after warm-up), step time, useful FLOP/s as a share of the float32
 matmul peak measured in the same run (the best of three timings of a 2048^3
 product; the rate of one of the model's own matmul shapes and the bfloat16
 rate of the 2048^3 product are printed beside it), and the ratio of
-`ours` to each peer. In training, `ours` runs its position-wise layers and
-logits on the real tokens only (`keras_transformer.layers.unpadding`) on
-tensorflow without XLA and on torch; the peers compute every padded
-position.
+`ours` to each peer. On tensorflow without XLA, `ours` trains with the
+fast path as `train` does (`keras_transformer.fast_path`: position-wise
+layers and logits on the real tokens only, fused CPU kernels where they
+build; `KERAS_TRANSFORMER_FAST_PATH=0` times the plain Keras layers
+instead, `KERAS_TRANSFORMER_FUSED_KERNELS=0` the fast path without its
+kernels); the peers compute every padded position.
 FLOPs are counted as 3x the forward matmul FLOPs of the non-padding tokens
 (2 per multiply-add; projections, feed-forward, logits, and the attention
 score and value products over the real lengths), each on the tokens it runs
@@ -63,7 +65,7 @@ from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentrop
 from keras_transformer.precision import cpu_has_bfloat16, resolve_precision  # noqa: E402
 from keras_transformer import Adam  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
-from keras_transformer import kernels  # noqa: E402
+from keras_transformer import fast_path  # noqa: E402
 from keras_transformer.layers import sinusoidal_encoding  # noqa: E402
 from keras_transformer.training import TrainingConfig  # noqa: E402
 
@@ -74,11 +76,15 @@ TRAIN_DEFAULT = f"ours @ train default ({TRAIN_TOKENS} tokens/side)"
 
 
 def build_ours(jit_compile="auto", dtype=None):
-    if keras.backend.backend() == "tensorflow":
-        kernels.build()  # as `train` does: the fused CPU kernels, where they build
     model = build_transformer(VOCAB, VOCAB, LAYERS, D_MODEL, HEADS, DFF, 0.1, MAX_LEN, dtype=dtype)
     model.compile(Adam(1e-4), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0),
                   metrics=[MaskedAccuracy()], jit_compile=jit_compile)
+    # As `train` does: the TensorFlow fast path (its fused CPU kernels built
+    # where they build), unless KERAS_TRANSFORMER_FAST_PATH=0.
+    wanted = os.environ.get("KERAS_TRANSFORMER_FAST_PATH", "1") != "0"
+    if wanted and fast_path.applies(model, jit_compile=model.jit_compile) is None:
+        fast_path.describe()
+        fast_path.attach(model)
     return model
 
 
@@ -357,7 +363,8 @@ def main():
     print(f"bfloat16 matmul 2048^3: {bf16 / 1e9:.1f} GFLOP/s (CPU bfloat16 instructions: "
           f"{'yes' if cpu_has_bfloat16() else 'no'}); every share below is of the float32 peak")
     if keras.backend.backend() == "tensorflow":
-        print(f"fused CPU training kernels: {kernels.build().reason}")
+        on = os.environ.get("KERAS_TRANSFORMER_FAST_PATH", "1") != "0"
+        print(f"training path of ours: {fast_path.describe() if on else 'plain Keras layers (KERAS_TRANSFORMER_FAST_PATH=0)'}")
     models = {name: build() for name, build in BUILDERS.items()}
     batches = random_batches(steps + warmup, np.random.default_rng(0))
     report("identical random batches", run(models, lambda name: batches, steps, warmup, peak))

@@ -414,7 +414,7 @@ def cmd_average(args):
 
 
 def cmd_build_kernels(args):
-    from keras_transformer import kernels
+    from keras_transformer.fast_path import kernels
 
     built = kernels.build(force=args.force)
     if not built.available:

@@ -1,7 +1,7 @@
 """Where the code runs: accelerators and XLA compilation.
 
 The one place that asks TensorFlow about devices and compilation contexts;
-the fused kernels, `Unpadding`, `precision` and `train` call these.
+the training fast path, `precision` and `train` call these.
 
 Neither Keras nor TensorFlow is imported until a function runs.
 """

@@ -3,9 +3,7 @@
 import keras
 from keras import ops
 
-from keras_transformer import kernels
 from keras_transformer.layers.id_range import check_id_range
-from keras_transformer.layers.unpadding import unpadded_of
 
 
 def _check_args(pad_id, label_smoothing):
@@ -45,62 +43,6 @@ def _align_ranks(y_true, y_pred):
     return y_true
 
 
-def _tf_softmax_cross_entropy(ids, logits, label_smoothing, fused=False):
-    """TensorFlow: `logsumexp(x) - sum(target * x)` with its gradient
-    `softmax(x) - target` written out, target `(1 - eps) * onehot(ids) +
-    eps / V`.
-
-    The same values as `tf.nn.(sparse_)softmax_cross_entropy_with_logits`,
-    whose kernels compute the loss and its gradient in one pass; these
-    plain ops are faster on CPU. The gradient is `exp(x - max) * (upstream
-    / sum)`, less `eps / V * upstream`, with `(1 - eps) * upstream`
-    subtracted at the target ids only (no one-hot tensor is built). With `fused=True`
-    (the real-token logits of a training step) and this package's kernels
-    built (`keras_transformer.kernels`), float32 logits go through
-    `kernels.fused_softmax_cross_entropy` instead.
-
-    Args:
-        ids: int32 `(...)`, valid target ids.
-        logits: float32 `(..., V)`.
-        label_smoothing: python float, epsilon_ls.
-        fused: bool, whether the fused kernel may be used (training only).
-
-    Returns:
-        float32 `(...)`.
-    """
-    import tensorflow as tf
-
-    if fused and len(logits.shape) == 2 and kernels.usable(logits):
-        # One pass forward, one backward; also records the argmax that
-        # `MaskedAccuracy` would otherwise compute in a pass of its own.
-        return kernels.fused_softmax_cross_entropy(ids, logits, label_smoothing)
-    eps = float(label_smoothing)
-    shape = tf.shape(ids)
-    ids = tf.reshape(ids, [-1])
-
-    @tf.custom_gradient
-    def cross_entropy(x):
-        top = tf.reduce_max(x, axis=-1, keepdims=True)
-        exp = tf.exp(x - top)
-        total = tf.reduce_sum(exp, axis=-1)
-        target_logit = tf.gather(x, ids, batch_dims=1)
-        loss = tf.math.log(total) + top[:, 0] - (1.0 - eps) * target_logit
-        if eps:
-            loss -= eps * tf.reduce_mean(x, axis=-1)
-
-        def grad(upstream):
-            gradient = exp * (upstream / total)[:, None]
-            if eps:
-                vocab = tf.cast(tf.shape(x)[-1], x.dtype)
-                gradient -= (eps / vocab * upstream)[:, None]
-            at_ids = tf.stack([tf.range(tf.shape(ids)[0], dtype=ids.dtype), ids], axis=-1)
-            return tf.tensor_scatter_nd_sub(gradient, at_ids, (1.0 - eps) * upstream)
-
-        return loss, grad
-
-    return tf.reshape(cross_entropy(tf.reshape(logits, [-1, tf.shape(logits)[-1]])), shape)
-
-
 def per_token_loss(
     y_true, y_pred, *, pad_id=0, label_smoothing=0.0, from_logits=True
 ):
@@ -108,10 +50,9 @@ def per_token_loss(
 
     The smoothed target distribution is `(1 - eps) * onehot + eps / V`, so
     the cross-entropy against it is `(1 - eps) * nll(target) + eps *
-    mean_v(-log p_v)`. From logits, it is a softmax cross-entropy whose
-    gradient is `softmax - target` (on TensorFlow written out, on the other
-    backends their fused kernel). All arithmetic is in float32, whatever the
-    dtype of `y_pred`.
+    mean_v(-log p_v)`. From logits, it is the backend's softmax
+    cross-entropy, whose gradient is `softmax - target`. All arithmetic is
+    in float32, whatever the dtype of `y_pred`.
 
     Args:
         y_true: int tensor `(batch, T)` (or `(batch, T, 1)`), target ids.
@@ -125,7 +66,6 @@ def per_token_loss(
         A tuple `(losses, mask)`: `losses` is float32 `(batch, T)` with 0 at
         padding, and `mask` is bool `(batch, T)`, True at real tokens.
     """
-    unpadded = unpadded_of(y_pred) if from_logits else None
     y_pred = ops.cast(ops.convert_to_tensor(y_pred), "float32")
     y_true = _align_ranks(ops.convert_to_tensor(y_true), y_pred)
     y_true = ops.cast(y_true, "int32")
@@ -135,27 +75,9 @@ def per_token_loss(
     safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
     if isinstance(y_pred.shape[-1], int):
         safe_ids = check_id_range(safe_ids, y_pred.shape[-1], "The labels (apart from pad_id)")
-    if unpadded is not None:
-        # Training logits whose padded rows were never computed (see
-        # `OutputProjection`): the loss runs on the real rows only.
-        computed, unpadding = unpadded
-        y_pred = ops.cast(computed, "float32")  # mixed precision: float32 loss
-        safe_ids = unpadding.unpad(safe_ids)
-
     vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
     if from_logits:
-        # The softmax cross-entropy with its gradient `softmax - target`
-        # given directly (TensorFlow), or the backend's fused one; a gather
-        # of the target log-probability would back-propagate through a
-        # scatter over the whole (batch, T, vocab) tensor, slow on CPU.
-        if keras.backend.backend() == "tensorflow":
-            losses = _tf_softmax_cross_entropy(
-                safe_ids, y_pred, label_smoothing, fused=unpadded is not None
-            )
-            if unpadded is not None and computed.dtype != y_pred.dtype:
-                # bfloat16 logits: the accuracy looks for the argmax on them.
-                kernels.record_argmax(computed, kernels.argmax_of(y_pred))
-        elif label_smoothing:
+        if label_smoothing:
             eps = float(label_smoothing)
             target = ops.one_hot(safe_ids, vocab, dtype="float32")
             target = target * (1.0 - eps) + eps / vocab
@@ -176,12 +98,6 @@ def per_token_loss(
             eps = float(label_smoothing)
             uniform = -ops.mean(log_probs, axis=-1)
             losses = (1.0 - eps) * losses + eps * uniform
-    if unpadded is not None:
-        # Back to (batch, T). A real label over a padded decoder input has 0
-        # logits, whose cross-entropy is log(vocab) with or without smoothing.
-        computed = unpadding.mask
-        log_vocab = ops.log(ops.cast(vocab, "float32"))
-        losses = ops.where(computed, unpadding.pad(losses), log_vocab)
     losses = ops.where(mask, losses, ops.zeros_like(losses))
     return losses, mask
 

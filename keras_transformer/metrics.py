@@ -3,8 +3,6 @@
 import keras
 from keras import ops
 
-from keras_transformer import kernels
-from keras_transformer.layers.unpadding import unpadded_of
 from keras_transformer.losses import per_token_weight
 
 
@@ -15,47 +13,27 @@ def _check_pad_id(pad_id):
         )
 
 
-def _predicted_ids(logits):
-    """int32 `argmax(logits, -1)`.
-
-    On TensorFlow, `tf.argmax` itself: Keras's `ops.argmax` first rewrites
-    every -0.0 to -tiny (five more passes over the `(tokens, vocab)` logits,
-    about 4% of a bench-small training step), which changes the answer only
-    for a row whose largest logits are a tie between -0.0 and 0.0.
-    """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-    return ops.cast(ops.argmax(logits, axis=-1), "int32")
-
-
 def _correct_and_mask(y_true, y_pred, pad_id):
-    """Float32 `(batch, T)` hits and real-token mask."""
-    unpadded = unpadded_of(y_pred)
+    """Float32 `(batch, T)` hits and real-token mask. `y_pred` is float
+    scores `(batch, T, vocab)` or int predicted ids `(batch, T)`."""
     y_pred = ops.convert_to_tensor(y_pred)
     y_true = ops.convert_to_tensor(y_true)
-    if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == 1:
+    ids_given = "int" in keras.backend.standardize_dtype(y_pred.dtype)
+    expected = len(y_pred.shape) - (0 if ids_given else 1)
+    if len(y_true.shape) == expected + 1 and y_true.shape[-1] == 1:
         y_true = ops.squeeze(y_true, axis=-1)
-    if len(y_true.shape) != len(y_pred.shape) - 1:
+    if len(y_true.shape) != expected:
         raise ValueError(
             "Expected integer labels of shape `(batch, T)` and predictions "
-            "of shape `(batch, T, vocab)` (labels one rank lower than "
-            f"predictions). Received: y_true.shape={tuple(y_true.shape)}, "
+            "of shape `(batch, T, vocab)` (scores: labels one rank lower than "
+            "predictions) or `(batch, T)` (predicted ids). Received: y_true.shape={tuple(y_true.shape)}, "
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
     y_true = ops.cast(y_true, "int32")
-    if unpadded is not None:
-        # Training logits built from their real rows (`OutputProjection`):
-        # take the argmax of those rows only; padded rows predict id 0.
-        logits, unpadding = unpadded
-        # The loss's fused kernel may have found the argmax already.
-        predicted = kernels.argmax_of(logits)
-        if predicted is None:
-            predicted = _predicted_ids(logits)
-        predicted = unpadding.pad(predicted)
+    if ids_given:
+        predicted = ops.cast(y_pred, "int32")
     else:
-        predicted = _predicted_ids(y_pred)
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
     mask = ops.cast(ops.not_equal(y_true, pad_id), "float32")
     correct = ops.cast(ops.equal(y_true, predicted), "float32") * mask
     return correct, mask
@@ -72,7 +50,8 @@ def masked_accuracy(y_true, y_pred, *, pad_id=0):
 
     Args:
         y_true: int tensor `(batch, T)` (or `(batch, T, 1)`), target ids.
-        y_pred: float tensor `(batch, T, vocab)`, logits or probabilities.
+        y_pred: float tensor `(batch, T, vocab)`, logits or probabilities,
+            or int tensor `(batch, T)`, the predicted ids.
         pad_id: int. Label id that marks padding. Defaults to 0.
 
     Returns:
@@ -116,7 +95,8 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     Call arguments (`update_state`):
         y_true: int tensor `(batch, T)`, target ids (`pad_id` at padding).
-        y_pred: float tensor `(batch, T, vocab)`, logits or probabilities.
+        y_pred: float tensor `(batch, T, vocab)`, logits or probabilities,
+            or int tensor `(batch, T)`, the predicted ids.
         sample_weight: optional float tensor `(batch,)` or `(batch, T)`;
             weighs both the hits and the token count.
 

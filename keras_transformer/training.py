@@ -44,8 +44,7 @@ from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
 from keras_transformer.models.transformer import embedding_layers
 from keras_transformer.optimizers import Adam
-from keras_transformer import kernels
-from keras_transformer.devices import has_accelerator
+from keras_transformer import fast_path
 from keras_transformer.precision import precision_source
 from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
@@ -301,20 +300,10 @@ class _WarmupCheck(keras.callbacks.Callback):
 
 
 def _fast_path(config):
-    """Builds the fused CPU kernels (`keras_transformer.kernels`) where this
-    run's training steps can use them, and says in one line which path the
-    steps take and, when it is the TensorFlow-op one, why."""
-    backend = keras.backend.backend()
-    if backend != "tensorflow":
-        return f"{backend} ops (the fused kernels are TensorFlow CPU ops)"
-    if has_accelerator():
-        return "TensorFlow ops (the fused kernels are CPU ops; TensorFlow sees an accelerator)"
-    if config.jit_compile is True:  # "auto" is no XLA on a CPU-only machine
-        return "XLA (--jit-compile; the fused kernels run outside XLA only)"
-    built = kernels.build()
-    if built.available:
-        return f"fused CPU kernels ({built.path})"
-    return f"TensorFlow ops, slower: fused CPU kernels {built.reason}"
+    """Builds the fused CPU kernels where this run's training steps can use
+    them, and says in one line which path the steps take and, when it is a
+    slower one, why (`fast_path.describe`)."""
+    return fast_path.describe(jit_compile=config.jit_compile)
 
 
 def train(config, verbose=1):
@@ -378,7 +367,7 @@ def train(config, verbose=1):
 
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
-    fast_path = _fast_path(config)
+    training_path = _fast_path(config)
     if verbose:
         val_pairs = len(read_lines(config.val_src)) if config.val_src else 0
         print(f"Read {len(src_lines)} training pairs" + (f" and {val_pairs} validation pairs" if val_pairs else "")
@@ -390,7 +379,7 @@ def train(config, verbose=1):
         source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
               + ("" if source == "given" else f" ({source})"))
-        print(f"Training path: {fast_path}")
+        print(f"Training path: {training_path}")
     replicas = num_replicas(config.distribution)
     # Every batch is topped up with all-padding rows (which the masked loss
     # and accuracy ignore) to split evenly over the devices: jax shards
@@ -436,6 +425,8 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         metrics=[MaskedAccuracy()],
         jit_compile=config.jit_compile,
     )
+    if fast_path.applies(model, jit_compile=model.jit_compile) is None:
+        fast_path.attach(model)  # the TensorFlow training step (`keras_transformer.fast_path`)
     monitor = "val_loss" if val_ds is not None else "loss"
     best_metric = config.checkpoint_metric if val_ds is not None else "loss"
     callbacks = []

@@ -35,7 +35,7 @@ def fused_kernels():
     import keras
 
     if keras.backend.backend() == "tensorflow":
-        from keras_transformer import kernels
+        from keras_transformer.fast_path import kernels
 
         return kernels.build()
     return None

@@ -1,4 +1,4 @@
-"""The fused CPU training kernels (`keras_transformer.kernels`): values
+"""The fused CPU training kernels (`keras_transformer.fast_path.kernels`): values
 against NumPy, gradients against TensorFlow's autodiff of the same formula,
 the dropout mask against a NumPy copy of its hash, and where they run."""
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 tf = pytest.importorskip("tensorflow")
 
-from keras_transformer import kernels  # noqa: E402
+from keras_transformer.fast_path import kernels  # noqa: E402
 
 MASK64 = (1 << 64) - 1
 
@@ -186,16 +186,18 @@ def test_zero_sized_inputs(module):
 def test_all_padding_training_step_is_finite(module):
     """A batch whose every token is padding gives a zero loss and all-zero
     gradients through the fused path (no uninitialized memory)."""
-    from keras_transformer import masked_loss
+    from keras_transformer import fast_path
+    from keras_transformer.fast_path.forward import TrainingForward
 
     model = small_model(0.1)
+    forward = TrainingForward(model)
     x = {"encoder_inputs": np.zeros((2, 5), "int32"), "decoder_inputs": np.zeros((2, 5), "int32")}
     y = np.zeros((2, 5), "int32")
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = masked_loss(y, model(x, training=True))
+            loss, _ = fast_path.loss_and_predictions(forward, x, y)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     for _ in range(3):  # fresh buffers each time: garbage would show
@@ -243,17 +245,25 @@ TRAINING_STEP_OPS = {
 }
 
 
-def train_step_ops_and_gradients(model, use_kernels, monkeypatch):
-    from keras_transformer import masked_loss
+def train_step_ops_and_gradients(model, use_kernels, monkeypatch, path="fast"):
+    """The op types, loss and gradients of one training step: the fast path
+    (`keras_transformer.fast_path`) with or without the kernels, or with
+    `path="plain"` the model's own call and loss."""
+    from keras_transformer import fast_path, masked_loss
+    from keras_transformer.fast_path.forward import TrainingForward
 
     if not use_kernels:
         monkeypatch.setattr(kernels, "load", lambda: None)
     x, y = batch()
+    forward = TrainingForward(model)
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = masked_loss(y, model(x, training=True), label_smoothing=0.1)
+            if path == "plain":
+                loss = masked_loss(y, model(x, training=True), label_smoothing=0.1)
+            else:
+                loss, _ = fast_path.loss_and_predictions(forward, x, y, label_smoothing=0.1)
         return loss, tape.gradient(loss, model.trainable_variables)
 
     graph_def = step.get_concrete_function(x, y).graph.as_graph_def()
@@ -266,38 +276,49 @@ def train_step_ops_and_gradients(model, use_kernels, monkeypatch):
 
 def test_training_step_runs_the_kernels_and_matches_without_them(module, monkeypatch):
     """At dropout 0 the fused step gives the loss and every gradient of the
-    TensorFlow-op step; the fused ops are in the training graph only."""
+    TensorFlow-op step, and both those of the plain Keras model; the fused
+    ops are in the fast path's training graph only."""
     model = small_model(0.0)
     fused_ops, fused_loss, fused_grads = train_step_ops_and_gradients(model, True, monkeypatch)
     plain_ops, plain_loss, plain_grads = train_step_ops_and_gradients(model, False, monkeypatch)
+    keras_ops, keras_loss, keras_grads = train_step_ops_and_gradients(
+        model, True, monkeypatch, path="plain")
     assert TRAINING_STEP_OPS <= fused_ops
-    assert not any(op.startswith("Kt") for op in plain_ops)
+    assert not any(op.startswith("Kt") for op in plain_ops | keras_ops)
     np.testing.assert_allclose(fused_loss, plain_loss, rtol=1e-5)
-    for got, want in zip(fused_grads, plain_grads):
+    np.testing.assert_allclose(fused_loss, keras_loss, rtol=1e-5)
+    for got, want, plain in zip(fused_grads, plain_grads, keras_grads):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(got, plain, rtol=1e-3, atol=1e-5)
     x, _ = batch()
     inference = tf.function(lambda x: model(x, training=False)).get_concrete_function(x)
     assert not any(op.type.startswith("Kt") for op in inference.graph.get_operations())
 
 
-def test_dropout_layers_use_the_kernel_in_training(module):
+def test_fast_path_dropout_uses_the_kernel_outside_xla(module):
+    from keras_transformer.fast_path import ops as fast_ops
     from keras_transformer.layers import Dropout
 
     layer = Dropout(0.1)
-    graph = tf.function(lambda x: layer(x, training=True)).get_concrete_function(
+    graph = tf.function(lambda x: fast_ops.dropout(x, layer)).get_concrete_function(
         tf.TensorSpec((None, 8), tf.float32)
     ).graph
     assert "KtDropout" in {op.type for op in graph.get_operations()}
-    graph = tf.function(lambda x: layer(x, training=True), jit_compile=True).get_concrete_function(
+    graph = tf.function(lambda x: fast_ops.dropout(x, layer), jit_compile=True).get_concrete_function(
         tf.TensorSpec((4, 8), tf.float32)
     ).graph
     assert "KtDropout" not in {op.type for op in graph.get_operations()}
+    # The layer itself is Keras's: no kernel.
+    graph = tf.function(lambda x: layer(x, training=True)).get_concrete_function(
+        tf.TensorSpec((None, 8), tf.float32)
+    ).graph
+    assert not any(op.type.startswith("Kt") for op in graph.get_operations())
 
 
 def test_fit_then_export_has_no_fused_ops(module, tmp_path):
     """A model trained with the kernels exports a SavedModel of core and
     tensorflow-text ops only (TF Serving has no Kt* kernels)."""
-    from keras_transformer import MaskedSparseCategoricalCrossentropy, Translator
+    from keras_transformer import MaskedSparseCategoricalCrossentropy, Translator, fast_path
     from keras_transformer.export import export_translator, saved_model_op_types
     from keras_transformer.tokenizers import train_subword_tokenizer
 
@@ -306,6 +327,7 @@ def test_fit_then_export_has_no_fused_ops(module, tmp_path):
     tok = train_subword_tokenizer(str(corpus), 40)
     model = small_model(0.1, tok.vocab_size)
     model.compile("adam", MaskedSparseCategoricalCrossentropy())
+    fast_path.attach(model)
     x, y = batch()
     x = {k: v % tok.vocab_size for k, v in x.items()}
     y = y % tok.vocab_size
@@ -446,13 +468,13 @@ def test_softmax_cross_entropy_against_numpy(module, eps):
     logits = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(logits)
-        loss = kernels.fused_softmax_cross_entropy(labels, logits, eps)
+        loss, argmax = kernels.fused_softmax_cross_entropy(labels, logits, eps)
     got = tape.gradient(loss, logits, output_gradients=tf.constant(upstream)).numpy()
     shifted = x - x.max(-1, keepdims=True)
     log_p = shifted - np.log(np.exp(shifted.astype("float64")).sum(-1, keepdims=True))
     expected = -(1 - eps) * log_p[np.arange(n), labels] - eps * log_p.mean(-1)
     np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(kernels.argmax_of(logits).numpy(), x.argmax(-1))
+    np.testing.assert_array_equal(argmax.numpy(), x.argmax(-1))
     with tf.GradientTape() as tape:
         tape.watch(logits)
         target = (1 - eps) * tf.one_hot(labels, v) + eps / v
@@ -460,7 +482,7 @@ def test_softmax_cross_entropy_against_numpy(module, eps):
     want = tape.gradient(reference, logits, output_gradients=tf.constant(upstream)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     x[7, 3] = np.nan
-    loss = kernels.fused_softmax_cross_entropy(labels, tf.constant(x), eps).numpy()
+    loss = kernels.fused_softmax_cross_entropy(labels, tf.constant(x), eps)[0].numpy()
     assert np.isnan(loss[7]) and np.all(np.isfinite(np.delete(loss, 7)))
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         module.kt_softmax_cross_entropy(x, np.full(n, v, "int32"), label_smoothing=eps)
@@ -468,30 +490,33 @@ def test_softmax_cross_entropy_against_numpy(module, eps):
 
 @pytest.mark.parametrize("dtype", [None, "mixed_bfloat16"])
 def test_accuracy_reuses_the_loss_argmax(module, dtype):
-    """A training step that computes the loss, then the accuracy, on the same
-    logits (as Keras's `train_step` does) has no ArgMax op left: the accuracy
-    takes the loss kernel's (under mixed_bfloat16 too, where the kernel runs
-    on a float32 cast of the logits). Its value is NumPy's accuracy on the
-    real tokens."""
-    from keras_transformer import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
+    """The fast path's step computes the loss and the predicted ids in one
+    kernel, and the accuracy takes the ids: no ArgMax op is left (under
+    mixed_bfloat16 too, where the kernel runs on a float32 cast of the
+    logits). Its value is NumPy's accuracy on the real tokens of the logits."""
+    from keras_transformer import MaskedAccuracy, fast_path
+    from keras_transformer.fast_path.forward import TrainingForward
 
-    model = small_model(0.1, dtype=dtype)
-    loss_fn, metric = MaskedSparseCategoricalCrossentropy(), MaskedAccuracy()
+    model = small_model(0.0, dtype=dtype)
+    forward, metric = TrainingForward(model), MaskedAccuracy()
     x, y = batch()
 
     @tf.function
     def step(x, y):
-        logits = model(x, training=True)
-        loss = loss_fn(y, logits)
-        metric.update_state(y, logits)
-        return loss, logits
+        loss, predicted = fast_path.loss_and_predictions(forward, x, y)
+        metric.update_state(y, predicted)
+        return loss, predicted
 
     concrete = step.get_concrete_function(x, y)
     op_types = {op.type for op in concrete.graph.get_operations()}
     assert "KtSoftmaxCrossEntropy" in op_types and "ArgMax" not in op_types
-    _, logits = step(x, y)
-    real = y != 0
-    expected = (tf.cast(logits, tf.float32).numpy().argmax(-1) == y)[real].mean()
+    _, predicted = step(x, y)
+    real = x["decoder_inputs"] != 0
+    logits = tf.cast(model(x, training=False), tf.float32).numpy()
+    if dtype is None:  # bfloat16 logits may tie differently
+        np.testing.assert_array_equal(predicted.numpy()[real], logits.argmax(-1)[real])
+    assert np.all(predicted.numpy()[~real] == 0)
+    expected = (predicted.numpy() == y)[y != 0].mean()
     np.testing.assert_allclose(metric.result().numpy(), expected, rtol=1e-6)
 
 
@@ -526,19 +551,20 @@ def test_mixed_bfloat16_training_step_runs_the_kernels_between_casts(module, mon
     assert np.mean(fused_errors) < np.mean(plain_errors), (fused_errors, plain_errors)
 
 
-def test_mixed_bfloat16_dropout_uses_the_kernel_with_the_float32_mask(module):
+def test_mixed_bfloat16_dropout_uses_the_kernel_with_the_float32_mask(module, monkeypatch):
+    from keras_transformer.fast_path import ops as fast_ops
     from keras_transformer.layers import Dropout
 
     x = tf.random.uniform((6, 50), 1.0, 2.0)
     seed = tf.constant([7, 11], tf.int32)
     want = kernels.fused_dropout(x, 0.25, seed)
     layer = Dropout(0.25, dtype="mixed_bfloat16")
-    layer.next_seed = lambda: seed
-    graph = tf.function(lambda x: layer(x, training=True)).get_concrete_function(
+    monkeypatch.setattr(fast_ops, "next_seed", lambda _: seed)
+    graph = tf.function(lambda x: fast_ops.dropout(x, layer)).get_concrete_function(
         tf.TensorSpec((None, 50), tf.bfloat16)
     ).graph
     assert "KtDropout" in {op.type for op in graph.get_operations()}
-    got = layer(tf.cast(x, tf.bfloat16), training=True)
+    got = fast_ops.dropout(tf.cast(x, tf.bfloat16), layer)
     assert got.dtype == tf.bfloat16
     np.testing.assert_array_equal(got.numpy() == 0, want.numpy() == 0)
     np.testing.assert_allclose(

@@ -281,43 +281,51 @@ def test_get_config_round_trip(layer):
 
 
 def test_dropout_drops_at_rate_keeps_expectation_and_masks_the_gradient():
-    """Training: a share `rate` of zeros (to 2^-16), kept values scaled to
-    keep the mean, a fresh mask per call, the gradient through the same
-    mask; inference: identity; config round trip."""
+    """Training: a share `rate` of zeros, kept values scaled to keep the
+    mean, a fresh mask per call, the gradient through the same mask;
+    inference: identity; config round trip. The layer is Keras's; on
+    TensorFlow the fast path's dropout (`fast_path.ops.dropout`) reads the
+    same layer, with the rate rounded to 2^-16, and passes the same checks."""
     from keras_transformer.layers import Dropout
 
     layer = Dropout(0.1, seed=3)
     x = np.full((500, 2000), 2.0, "float32")
     np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
-    first, second = to_numpy(layer(x, training=True)), to_numpy(layer(x, training=True))
-    for y in (first, second):
-        dropped = y == 0.0
-        # 1e6 draws: the share of zeros is within 5 standard deviations (3e-4).
-        assert abs(dropped.mean() - 0.1) < 1.5e-3
-        kept = np.unique(y[~dropped])
-        assert len(kept) == 1
-        # Exactly unbiased for the rate as applied: kept * (1 - p) == x.
-        assert abs(y.mean() - 2.0) < 5e-3
-    assert 0.05 < (first != second).mean() < 0.25
+    runs = [(lambda t: layer(t, training=True), 0.1)]
     if keras.backend.backend() == "tensorflow":
-        p = 6554 / 65536  # round(0.1 * 2^16) / 2^16
-        np.testing.assert_allclose(kept, 2.0 / (1 - p), rtol=1e-6)
-        import tensorflow as tf
+        from keras_transformer.fast_path import ops as fast_ops
 
-        w = np.random.default_rng(0).normal(size=x.shape).astype("float32")
-        xt = tf.constant(x)
-        with tf.GradientTape() as tape:
-            tape.watch(xt)
-            y = layer(xt, training=True)
-            total = tf.reduce_sum(y * w)
-        grad = tape.gradient(total, xt).numpy()
-        np.testing.assert_allclose(grad, w * y.numpy() / 2.0, rtol=1e-6)
+        runs.append((lambda t: fast_ops.dropout(t, layer), 6554 / 65536))  # round(0.1 * 2^16) / 2^16
+    for drop, p in runs:
+        first, second = to_numpy(drop(x)), to_numpy(drop(x))
+        for y in (first, second):
+            dropped = y == 0.0
+            # 1e6 draws: the share of zeros is within 5 standard deviations (3e-4).
+            assert abs(dropped.mean() - 0.1) < 1.5e-3
+            kept = np.unique(y[~dropped])
+            assert len(kept) == 1
+            # Exactly unbiased for the rate as applied: kept * (1 - p) == x.
+            np.testing.assert_allclose(kept, 2.0 / (1 - p), rtol=1e-6)
+            assert abs(y.mean() - 2.0) < 5e-3
+        assert 0.05 < (first != second).mean() < 0.25
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            w = np.random.default_rng(0).normal(size=x.shape).astype("float32")
+            xt = tf.constant(x)
+            with tf.GradientTape() as tape:
+                tape.watch(xt)
+                y = drop(xt)
+                total = tf.reduce_sum(y * w)
+            grad = tape.gradient(total, xt).numpy()
+            np.testing.assert_allclose(grad, w * y.numpy() / 2.0, rtol=1e-6)
     assert Dropout.from_config(layer.get_config()).rate == 0.1
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 8), (7, 8)])
 def test_layer_normalization_equals_keras_values_and_gradients(shape):
-    """Our LayerNormalization (hand-written gradient on TensorFlow) against
+    """Our LayerNormalization, and on TensorFlow the fast path's (hand-written
+    gradient, `fast_path.ops.layer_norm`), against
     `keras.layers.LayerNormalization` with the same random gamma and beta:
     outputs, and on TensorFlow the gradients of a weighted sum with respect
     to the input, gamma and beta; also the NumPy formula."""
@@ -335,16 +343,19 @@ def test_layer_normalization_equals_keras_values_and_gradients(shape):
     np.testing.assert_allclose(to_numpy(ours(x)), expected, atol=2e-5)
     np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(oracle(x)), atol=2e-5)
     if keras.backend.backend() != "tensorflow":
-        return  # elsewhere ours runs Keras's own call: the values above suffice
+        return  # elsewhere ours is Keras's own call: the values above suffice
     import tensorflow as tf
 
+    from keras_transformer.fast_path import ops as fast_ops
+
+    np.testing.assert_allclose(to_numpy(fast_ops.layer_norm(x, ours)), expected, atol=2e-5)
     upstream = rng.normal(size=shape).astype("float32")
     grads = []
-    for layer in (ours, oracle):
+    for layer, norm in ((ours, lambda t: fast_ops.layer_norm(t, ours)), (oracle, oracle)):
         inputs = tf.constant(x)
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            total = tf.reduce_sum(layer(inputs) * upstream)
+            total = tf.reduce_sum(norm(inputs) * upstream)
         grads.append(tape.gradient(total, [inputs, layer.gamma.value, layer.beta.value]))
     for got, want in zip(*grads):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=5e-5)
@@ -417,7 +428,7 @@ def test_too_long_input_in_a_graph_is_a_clear_error():
 
 def test_unpadding_drops_and_restores_padding():
     """`unpad` keeps the real tokens in row-major order; `pad` puts zeros back."""
-    from keras_transformer.layers.unpadding import Unpadding
+    from keras_transformer.fast_path.unpadding import Unpadding
 
     mask = np.array([[True, False, True], [False, False, False], [True, True, False]])
     x = np.arange(18, dtype="float32").reshape(3, 3, 2)
@@ -431,7 +442,7 @@ def test_unpadding_drops_and_restores_padding():
 def test_unpadding_moves_heads_and_its_gradients_are_the_moves_back():
     """`pad_heads`/`unpad_heads` against NumPy, with the gradient of each
     move equal to the opposite move of the upstream gradient."""
-    from keras_transformer.layers.unpadding import Unpadding
+    from keras_transformer.fast_path.unpadding import Unpadding
 
     mask = np.array([[True, False, True], [False, False, False], [True, True, False]])
     tokens, parts, heads, depth = 4, 3, 2, 5
@@ -490,10 +501,13 @@ def test_unpadding_moves_heads_and_its_gradients_are_the_moves_back():
     [(None, False, False), (12, False, False), (None, True, True), (12, True, True), (None, True, False)],
 )
 def test_attention_on_real_tokens_equals_the_padded_call(value_dim, cross, key_padding):
-    """`MultiHeadAttention(..., unpadding=...)` gives the padded call's
-    output at the real query tokens: self- and cross-attention, d_v != d_k,
-    keys with and without their own `key_unpadding`."""
-    from keras_transformer.layers.unpadding import Unpadding
+    """The fast path's attention on real tokens (`fast_path.forward`) gives
+    the layer's padded call at the real query tokens: self- and
+    cross-attention, d_v != d_k, memories with and without padding."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer.fast_path import forward
+    from keras_transformer.fast_path.unpadding import Unpadding
 
     rng = np.random.default_rng(11)
     layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=value_dim)
@@ -505,13 +519,12 @@ def test_attention_on_real_tokens_equals_the_padded_call(value_dim, cross, key_p
     padded = to_numpy(layer(query, memory, attention_mask=mask))
     unpadding = Unpadding(query_mask)
     tokens = unpadding.unpad(query)
-    unpadded = layer(
-        tokens,
-        memory if cross else tokens,
-        attention_mask=mask,
-        unpadding=unpadding,
-        key_unpadding=Unpadding(key_mask) if key_padding else None,
-    )
+    if cross:
+        memory_unpadding = Unpadding(key_mask if key_padding else np.ones((3, 5), bool))
+        unpadded = forward.cross_attention(
+            layer, tokens, unpadding, memory_unpadding.unpad(memory), memory_unpadding, mask)
+    else:
+        unpadded = forward.self_attention(layer, tokens, unpadding, mask)
     np.testing.assert_allclose(to_numpy(unpadded), padded[query_mask], atol=1e-5)
 
 
@@ -521,40 +534,53 @@ def _scatter(mask, rows):
     return out
 
 
-def test_blocks_in_training_skip_padding_and_keep_real_outputs():
-    """Training-mode blocks (Unpadding) equal inference-mode ones at real tokens."""
-    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
+def test_fast_path_blocks_equal_the_layers_at_real_tokens():
+    """The fast path's encoder and decoder blocks on real tokens equal the
+    layers' training-mode calls (dropout 0) at the real tokens, post-LN and
+    pre-LN."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer.fast_path import forward
+    from keras_transformer.fast_path.unpadding import Unpadding
+    from keras_transformer.layers.masks import causal_mask
+    from keras_transformer.layers.masks import key_padding_to_attention_mask
+    from keras_transformer.layers.masks import merge_masks
 
     rng = np.random.default_rng(7)
-    encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
-    decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
     source = rng.normal(size=(3, 6, 16)).astype("float32")
     target = rng.normal(size=(3, 5, 16)).astype("float32")
     source_mask = np.array([[1] * 6, [1] * 3 + [0] * 3, [1] + [0] * 5], bool)
     target_mask = np.array([[1] * 5, [1] * 2 + [0] * 3, [1] * 4 + [0]], bool)
-    outputs = {}
-    for training in (False, True):
-        memory = encoder(source, mask=source_mask, training=training)
-        decoded = decoder(
-            target, memory, inputs_mask=target_mask, encoder_outputs_mask=source_mask, training=training
-        )
-        outputs[training] = (to_numpy(memory), to_numpy(decoded))
-    for (inferred, trained), mask in zip(zip(outputs[False], outputs[True]), (source_mask, target_mask)):
-        np.testing.assert_allclose(trained[mask], inferred[mask], atol=1e-5)
-        if dynamic_shapes_allowed():
-            np.testing.assert_array_equal(trained[~mask], 0.0)
-        else:
-            np.testing.assert_allclose(trained, inferred, atol=1e-5)
+    for norm_first in (False, True):
+        encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0, norm_first=norm_first)
+        decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0, norm_first=norm_first)
+        memory = encoder(source, mask=source_mask, training=True)
+        decoded = decoder(target, memory, inputs_mask=target_mask,
+                          encoder_outputs_mask=source_mask, training=True)
+        src, tgt = Unpadding(source_mask), Unpadding(target_mask)
+        encoder_mask = key_padding_to_attention_mask(source_mask)
+        fast_memory = forward.encoder_block(encoder, src.unpad(source), src, encoder_mask)
+        self_mask = merge_masks(key_padding_to_attention_mask(target_mask), causal_mask(5))
+        fast_decoded = forward.decoder_block(
+            decoder, tgt.unpad(target), tgt, self_mask, fast_memory, src, encoder_mask)
+        np.testing.assert_allclose(to_numpy(fast_memory), to_numpy(memory)[source_mask], atol=1e-5)
+        np.testing.assert_allclose(to_numpy(fast_decoded), to_numpy(decoded)[target_mask], atol=1e-5)
 
 
-def test_unpadding_is_off_under_xla():
-    """Under `jit_compile=True` shapes must be static: blocks keep the padding."""
+def test_fast_path_is_off_under_xla():
+    """Under `jit_compile=True` shapes must be static: the fast path does
+    not attach, and the layers (plain Keras) compile and give the eager
+    values at every position."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("jit_compile on tensorflow only")
     import tensorflow as tf
 
-    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
+    from keras_transformer import build_transformer, fast_path
+    from keras_transformer.fast_path.unpadding import dynamic_shapes_allowed
 
+    model = build_transformer(20, 20, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    assert "XLA" in fast_path.applies(model, jit_compile=True)
+    assert fast_path.applies(model) is None
     encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
     x = np.random.default_rng(8).normal(size=(2, 4, 16)).astype("float32")
     mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
@@ -562,19 +588,20 @@ def test_unpadding_is_off_under_xla():
     seen = []
 
     def step(x, mask):
-        seen.append(dynamic_shapes_allowed())
+        seen.append((dynamic_shapes_allowed(), fast_path.applies(model)))
         return encoder(x, mask=mask, training=True)
 
     compiled = to_numpy(tf.function(step, jit_compile=True)(x, mask))
-    assert seen == [False]
-    np.testing.assert_allclose(compiled[mask], eager[mask], atol=1e-5)
+    assert seen[0][0] is False and "XLA" in seen[0][1]
+    np.testing.assert_allclose(compiled, eager, atol=1e-5)
     assert np.abs(compiled[~mask]).max() > 1e-3  # padded positions computed
-    assert np.all(eager[~mask] == 0.0)
 
 
-def test_fused_attention_kernel_equals_equation_one():
-    """`keras.ops.dot_product_attention` path = our softmax path, C08 rows included."""
-    from keras_transformer.layers.multi_head_attention import fused_dot_product_attention
+def test_attention_equals_equation_one_with_blocked_rows():
+    """`scaled_dot_product_attention` = NumPy's equation (1), C08 rows
+    included (a query with no key allowed gives 0), and a layer's output
+    is the same with and without the weights asked for."""
+    from keras_transformer.layers.multi_head_attention import scaled_dot_product_attention
 
     rng = np.random.default_rng(9)
     q = rng.normal(size=(2, 4, 3, 8)).astype("float32")
@@ -582,12 +609,13 @@ def test_fused_attention_kernel_equals_equation_one():
     mask = np.ones((2, 1, 4, 5), bool)
     mask[0, :, :, 3:] = False  # padded keys
     mask[1, :, 2, :] = False  # a query row with no key at all: output 0
-    fused = to_numpy(fused_dot_product_attention(q, k, v, mask))
+    attended, _ = scaled_dot_product_attention(q, k, v, mask)
+    attended = to_numpy(attended)
     with np.errstate(invalid="ignore"):
         reference, _ = numpy_attention(q, k, v, mask)
     reference = np.nan_to_num(reference)  # the all-blocked row: 0, not NaN
-    np.testing.assert_allclose(fused, reference, atol=1e-5)
-    np.testing.assert_array_equal(fused[1, 2], 0.0)
+    np.testing.assert_allclose(attended, reference, atol=1e-5)
+    np.testing.assert_array_equal(attended[1, 2], 0.0)
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = rng.normal(size=(2, 5, 8)).astype("float32")
     key_mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)

@@ -98,15 +98,15 @@ def loss_and_gradients(model, x, labels, training):
     return float(to_numpy(loss)), grads
 
 
-def test_unpadded_training_step_equals_the_padded_one():
-    """Training skips padded positions (Unpadding) and changes nothing else.
+def test_fast_path_training_step_equals_the_padded_one():
+    """The training fast path skips padded positions and changes nothing else.
 
-    With dropout 0, a training-mode call (position-wise layers on the real
-    tokens only, where the backend allows it) gives the inference-mode
-    (padded) logits at real positions, the same loss and the same gradients.
+    With dropout 0, a training-mode call gives the inference-mode logits;
+    on TensorFlow the fast path's forward pass (`fast_path.forward`, the
+    position-wise layers on the real tokens only) gives them at the real
+    positions (the padded ones are never computed: 0), and its loss,
+    predictions and gradients are the plain model's.
     """
-    from keras_transformer.layers.unpadding import dynamic_shapes_allowed
-
     model = small_model()
     x = inputs(
         [[5, 6, 7, END, PAD], [8, END, PAD, PAD, PAD], [9, 10, 11, 12, END]],
@@ -116,41 +116,55 @@ def test_unpadded_training_step_equals_the_padded_one():
     real = labels != PAD
     trained = to_numpy(model(x, training=True))
     inferred = to_numpy(model(x, training=False))
-    np.testing.assert_allclose(trained[real], inferred[real], atol=1e-5)
-    if keras.backend.backend() in ("tensorflow", "torch"):
-        assert dynamic_shapes_allowed()
-        # Padded positions were skipped: their logits are exactly 0, while
-        # inference computes them (nonzero).
-        assert np.all(trained[~real] == 0.0)
-        assert np.abs(inferred[~real]).max() > 1e-3
-    from keras_transformer import masked_accuracy
-
-    for y_pred in (model(x, training=True), trained):  # with and without the real rows attached
-        assert abs(float(to_numpy(masked_loss(labels, y_pred, label_smoothing=0.1)))
-                   - float(to_numpy(masked_loss(labels, inferred, label_smoothing=0.1)))) < 1e-5
-        assert float(to_numpy(masked_accuracy(labels, y_pred))) == float(to_numpy(masked_accuracy(labels, inferred)))
+    np.testing.assert_allclose(trained, inferred, atol=1e-5)
     loss_t, grads_t = loss_and_gradients(model, x, labels, training=True)
     loss_i, grads_i = loss_and_gradients(model, x, labels, training=False)
     assert abs(loss_t - loss_i) < 1e-5
     for variable, g_t, g_i in zip(model.trainable_variables, grads_t, grads_i):
         np.testing.assert_allclose(g_t, g_i, atol=1e-5, err_msg=variable.path)
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+
+    from keras_transformer import fast_path, masked_accuracy
+    from keras_transformer.fast_path.forward import TrainingForward
+
+    forward = TrainingForward(model)
+    logits, unpadding = forward(x["encoder_inputs"], x["decoder_inputs"])
+    fast = to_numpy(unpadding.pad(logits))
+    np.testing.assert_allclose(fast[real], inferred[real], atol=1e-5)
+    assert np.all(fast[~real] == 0.0)
+    assert np.abs(inferred[~real]).max() > 1e-3
+    with tf.GradientTape() as tape:
+        loss, predicted = fast_path.loss_and_predictions(forward, x, labels, label_smoothing=0.1)
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert abs(float(loss) - float(to_numpy(masked_loss(labels, inferred, label_smoothing=0.1)))) < 1e-5
+    assert float(to_numpy(masked_accuracy(labels, predicted))) == float(
+        to_numpy(masked_accuracy(labels, inferred)))
+    _, grads_plain = loss_and_gradients(model, x, labels, training=True)
+    for variable, g_fast, g_plain in zip(model.trainable_variables, grads, grads_plain):
+        np.testing.assert_allclose(to_numpy(tf.convert_to_tensor(g_fast)), g_plain, atol=1e-5,
+                                   err_msg=variable.path)
 
 
-def test_real_label_over_padded_decoder_input_costs_log_vocab_in_training():
-    """A label under a padded decoder input: logits 0, loss log(vocab), same both ways."""
+def test_real_label_over_padded_decoder_input_costs_log_vocab_on_the_fast_path():
+    """A label under a padded decoder input: the fast path computes no logits
+    there and counts log(vocab) for it (the cross-entropy of zero logits);
+    the plain model's loss is its cross-entropy at the computed logits. The
+    other positions agree."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer import fast_path
+    from keras_transformer.fast_path.forward import TrainingForward
+
     model = small_model()
     x = inputs([[5, 6, END]], [[START, 8, PAD]])
     labels = np.array([[8, 9, END]], "int32")  # position 2 has a label but no input
-    y_pred = model(x, training=True)
-    full = to_numpy(y_pred)
-    if keras.backend.backend() in ("tensorflow", "torch"):
-        assert np.all(full[0, 2] == 0.0)
     per_token = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, reduction=None)
-    with_rows = to_numpy(per_token(labels, y_pred))
-    without_rows = to_numpy(per_token(labels, full))
-    np.testing.assert_allclose(with_rows, without_rows, atol=1e-5)
-    if keras.backend.backend() in ("tensorflow", "torch"):
-        np.testing.assert_allclose(with_rows[0, 2], np.log(40), atol=1e-5)
+    plain = to_numpy(per_token(labels, model(x, training=False)))[0]
+    loss, _ = fast_path.loss_and_predictions(TrainingForward(model), x, labels, label_smoothing=0.1)
+    np.testing.assert_allclose(float(loss), (plain[0] + plain[1] + np.log(40)) / 3, atol=1e-5)
+    assert abs(plain[2] - np.log(40)) > 1e-3
 
 
 def test_translator_on_another_backend_is_a_clear_error():

@@ -5,7 +5,6 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer import kernels
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
@@ -77,55 +76,8 @@ def scaled_dot_product_attention(
     )
 
 
-def heads_first_attention(query, key, value, mask=None, dropout=None, training=None):
-    """Equation (1) on heads-first tensors whose query is already scaled.
-
-    The same function as `scaled_dot_product_attention`, for inputs laid out
-    `(batch, num_heads, length, depth)` (as `Unpadding.pad_heads` gives
-    them): both products are plain batched matmuls, with no transposes.
-
-    Args:
-        query: `(batch, num_heads, query_length, key_dim)`, times
-            `1 / sqrt(key_dim)`.
-        key: `(batch, num_heads, key_length, key_dim)`.
-        value: `(batch, num_heads, key_length, value_dim)`.
-        mask, dropout, training: as in `scaled_dot_product_attention`.
-
-    Returns:
-        `(output (batch, num_heads, query_length, value_dim), weights
-        (batch, num_heads, query_length, key_length) float32)`.
-    """
-    return _attention(
-        query, key, value, mask, dropout, training, "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd"
-    )
-
-
-def _fusable(scores, mask, dropout, training):
-    """Whether the masked softmax and the weights' dropout can run as one
-    fused kernel (`kernels.fused_masked_softmax_dropout`): training on
-    TensorFlow outside XLA with float32 scores, a mask, and this package's
-    Dropout (at rate 0 or on its fast path) or none."""
-    if training is not True or mask is None:
-        return False
-    if dropout is not None and (
-        not isinstance(dropout, Dropout) or (dropout.rate and not dropout.fast_path(training))
-    ):
-        return False
-    return kernels.usable(scores)
-
-
 def _attention(query, key, value, mask, dropout, training, scores_equation, output_equation):
     scores = ops.einsum(scores_equation, query, key)
-    dtype = keras.backend.standardize_dtype(value.dtype)
-    if dtype == "bfloat16":
-        # mixed_bfloat16: the float32 kernel runs on the float32 scores that
-        # `masked_softmax` would compute from.
-        scores = ops.cast(scores, "float32")
-    if dtype in ("float32", "bfloat16") and _fusable(scores, mask, dropout, training):
-        rate = float(dropout.rate) if dropout is not None else 0.0
-        seed = dropout.next_seed() if rate else ops.zeros((2,), "int32")
-        weights, attended = kernels.fused_masked_softmax_dropout(scores, mask, rate, seed)
-        return ops.einsum(output_equation, ops.cast(attended, dtype), value), weights
     weights = masked_softmax(scores, mask)
     attended = ops.cast(weights, value.dtype)
     if dropout is not None:
@@ -143,49 +95,6 @@ def attention_bias(mask):
         float32 tensor of the mask's shape.
     """
     return ops.where(ops.cast(mask, "bool"), 0.0, _MASK_VALUE)
-
-
-# Backends on which `keras.ops.dot_product_attention` beats our einsum path
-# here: PyTorch's fused `scaled_dot_product_attention` (about 4% off a
-# forward pass of the bench-small model on CPU). On TensorFlow it is the same
-# einsum-softmax-einsum as ours; on JAX it was no faster under `jit` on CPU
-# and slower outside it (`/tmp` probe, bench-small batch of 64).
-_FUSED_ATTENTION = {"torch": True}
-
-
-def fused_dot_product_attention(query, key, value, mask=None, scale=None):
-    """Equation (1) through `keras.ops.dot_product_attention`.
-
-    The same values as `scaled_dot_product_attention` (no dropout, no
-    weights returned), with the backend's fused kernel; a query row whose
-    keys are all blocked gives 0, as in `masked_softmax`.
-
-    Args:
-        query: `(batch, query_length, num_heads, key_dim)`.
-        key: `(batch, key_length, num_heads, key_dim)`.
-        value: `(batch, key_length, num_heads, value_dim)`.
-        mask: optional bool, broadcastable to `(batch, num_heads,
-            query_length, key_length)`, True where allowed.
-        scale: optional float, the factor of the scores; None means
-            `1 / sqrt(key_dim)` (1.0 for a query that already carries it).
-
-    Returns:
-        `(batch, query_length, num_heads, value_dim)` in the dtype of `query`.
-    """
-    if mask is None:
-        return ops.dot_product_attention(query, key, value, scale=scale)
-    mask = ops.cast(mask, "bool")
-    full = (
-        ops.shape(query)[0],
-        ops.shape(query)[2],
-        ops.shape(query)[1],
-        ops.shape(key)[1],
-    )
-    mask = ops.broadcast_to(mask, full)
-    output = ops.dot_product_attention(query, key, value, mask=mask, scale=scale)
-    # (batch, heads, query) -> (batch, query, heads, 1)
-    keep = ops.expand_dims(ops.transpose(ops.any(mask, axis=-1), (0, 2, 1)), -1)
-    return ops.where(keep, output, ops.zeros_like(output))
 
 
 def single_query_attention(query, key, value, bias, keep=None):
@@ -272,19 +181,8 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool, add the causal (look-ahead) mask.
         return_attention_scores: bool, also return the weights.
         training: bool, enables dropout.
-        unpadding: optional `Unpadding` of the query sequence (see
-            `keras_transformer.layers.unpadding`). Then `query` (and the
-            output) hold only the real query tokens, `(tokens, d_model)`:
-            the projections skip the padding, and only the attention itself
-            runs on the padded `(batch, query_length, ...)` layout. For
-            self-attention pass the same tensor as `query` and `value`.
-        key_unpadding: optional `Unpadding` of `value` (cross-attention
-            with `unpadding`, no separate `key`): the key and value
-            projections then skip its padding too.
-
     Returns:
-        float tensor `(batch, query_length, output_dim)` (`(tokens,
-        output_dim)` with `unpadding`), and with
+        float tensor `(batch, query_length, output_dim)`, and with
         `return_attention_scores=True` also the float32 weights
         `(batch, num_heads, query_length, key_length)`.
 
@@ -390,12 +288,13 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
 
-    def _input_projection(self, denses, scale_query):
-        """Kernels of `denses` as one 2-D matrix, plus the joined bias.
+    def input_projection(self, parts, scale_query):
+        """Kernels of the named projections as one 2-D matrix, plus the
+        joined bias, for one matmul per position.
 
         Args:
-            denses: some of `query_dense`, `key_dense`, `value_dense`, in
-                the order their columns should have.
+            parts: names among `"query"`, `"key"`, `"value"`, in the order
+                their columns should have.
             scale_query: bool; the query columns then carry the
                 `1 / sqrt(key_dim)` of equation (1).
 
@@ -404,6 +303,8 @@ class MultiHeadAttention(keras.layers.Layer):
             compute dtype.
         """
         dtype = self.compute_dtype
+        denses = [{"query": self.query_dense, "key": self.key_dense,
+                   "value": self.value_dense}[part] for part in parts]
 
         def flat(dense, tensor, shape):
             tensor = ops.reshape(ops.cast(tensor, dtype), shape)
@@ -433,11 +334,9 @@ class MultiHeadAttention(keras.layers.Layer):
             h * value_dim])`, `"bias"` (or None), `"output_kernel"`
             `(h * value_dim, output_dim)` and `"output_bias"` (or None).
         """
-        denses = [self.query_dense]
-        if include_key_value:
-            denses += [self.key_dense, self.value_dense]
-        kernel, bias = self._input_projection(denses, scale_query=True)
-        output_kernel, output_bias = self._output_projection()
+        parts = ("query", "key", "value") if include_key_value else ("query",)
+        kernel, bias = self.input_projection(parts, scale_query=True)
+        output_kernel, output_bias = self.output_projection()
         return {
             "kernel": kernel,
             "bias": bias,
@@ -445,7 +344,7 @@ class MultiHeadAttention(keras.layers.Layer):
             "output_bias": output_bias,
         }
 
-    def _output_projection(self):
+    def output_projection(self):
         """W^O as a `(h * value_dim, output_dim)` matrix and its bias (or
         None), in the compute dtype."""
         dtype = self.compute_dtype
@@ -470,9 +369,7 @@ class MultiHeadAttention(keras.layers.Layer):
             `(query, key, value)`, each `(batch, length, num_heads, key_dim
             | value_dim)`; the query is not yet scaled.
         """
-        kernel, bias = self._input_projection(
-            [self.query_dense, self.key_dense, self.value_dense], scale_query=False
-        )
+        kernel, bias = self.input_projection(("query", "key", "value"), scale_query=False)
         fused = self._matmul(inputs, kernel, bias)
         qk = self.num_heads * self.key_dim
         query, key, value = ops.split(fused, [qk, 2 * qk], axis=-1)
@@ -488,70 +385,12 @@ class MultiHeadAttention(keras.layers.Layer):
         x = ops.matmul(x, kernel)
         return x if bias is None else x + bias
 
-    def _attend_unpadded(
-        self, query, key, value, mask, unpadding, key_unpadding, training, need_weights
-    ):
-        """`call` for a query given as its real tokens `(tokens, d_model)`.
-
-        Projections run on real tokens; `Unpadding.pad_heads` lays the
-        heads out as `(batch, heads, length, depth)` in the same gather
-        that restores the padding, and `unpad_heads` takes them back.
-        """
-        heads, key_dim, value_dim = self.num_heads, self.key_dim, self.value_dim
-        same_dims = key_dim == value_dim
-        if key is None and value is query:
-            kernel, bias = self._input_projection(
-                [self.query_dense, self.key_dense, self.value_dense], scale_query=True
-            )
-            qkv = self._matmul(query, kernel, bias)
-            if same_dims:
-                q, k, v = unpadding.pad_heads(qkv, heads, parts=3)
-            else:
-                q, k, v = ops.split(qkv, [heads * key_dim, 2 * heads * key_dim], axis=-1)
-                (q,), (k,), (v,) = (unpadding.pad_heads(t, heads) for t in (q, k, v))
-        else:
-            kernel, bias = self._input_projection([self.query_dense], scale_query=True)
-            (q,) = unpadding.pad_heads(self._matmul(query, kernel, bias), heads)
-            if key is None and key_unpadding is not None and same_dims:
-                kernel, bias = self._input_projection(
-                    [self.key_dense, self.value_dense], scale_query=False
-                )
-                kv = self._matmul(key_unpadding.unpad(value), kernel, bias)
-                k, v = key_unpadding.pad_heads(kv, heads, parts=2)
-            else:
-                k, v = self.project_key_value(value, key)
-                k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (k, v))
-        attended, weights = self._attend_heads(
-            q, k, v, mask, training, need_weights, heads_first=True
-        )
-        output_kernel, output_bias = self._output_projection()
-        output = self._matmul(unpadding.unpad_heads(attended), output_kernel, output_bias)
-        return output, weights
-
-    def _attend_heads(
-        self, query, key, value, mask, training, need_weights=True, heads_first=False
-    ):
-        """Attention per head: `(batch, query_length, heads, value_dim)`, or
-        with `heads_first` (query already scaled, see
-        `heads_first_attention`) `(batch, heads, query_length, value_dim)`.
-
-        Returns `(attended, weights)`. Without `need_weights`, and with no
-        attention dropout to apply, the backend's fused kernel runs instead
-        (`keras.ops.dot_product_attention`, on PyTorch its
-        `scaled_dot_product_attention`) and `weights` is None; rows whose
-        keys are all blocked still give 0.
-        """
+    def _attend_heads(self, query, key, value, mask, training):
+        """Equation (1) per head: `(attended (batch, query_length, heads,
+        value_dim), weights (batch, heads, query_length, key_length))`."""
         if mask is not None:
             mask = ops.expand_dims(ops.cast(mask, "bool"), 1)  # heads axis
-        dropout = self.dropout_rate and training
-        if not need_weights and not dropout and _FUSED_ATTENTION.get(keras.backend.backend()):
-            if not heads_first:
-                return fused_dot_product_attention(query, key, value, mask), None
-            query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
-            attended = fused_dot_product_attention(query, key, value, mask, scale=1.0)
-            return ops.transpose(attended, (0, 2, 1, 3)), None
-        attention = heads_first_attention if heads_first else scaled_dot_product_attention
-        return attention(
+        return scaled_dot_product_attention(
             query,
             key,
             value,
@@ -560,7 +399,7 @@ class MultiHeadAttention(keras.layers.Layer):
             training=training,
         )
 
-    def attend(self, query, key, value, mask=None, training=None, need_weights=True):
+    def attend(self, query, key, value, mask=None, training=None):
         """Attention over projected heads, then the output projection.
 
         Args:
@@ -568,16 +407,12 @@ class MultiHeadAttention(keras.layers.Layer):
             key: `(batch, key_length, num_heads, key_dim)`.
             value: `(batch, key_length, num_heads, value_dim)`.
             mask: bool, broadcastable to `(batch, query_length, key_length)`.
-            need_weights: bool; without weights the attention may run as the
-                backend's fused kernel (`_attend_heads`), and weights is None.
 
         Returns:
             `(output (batch, query_length, output_dim), weights (batch,
-            num_heads, query_length, key_length))`.
+            num_heads, query_length, key_length) float32)`.
         """
-        attended, weights = self._attend_heads(
-            query, key, value, mask, training, need_weights
-        )
+        attended, weights = self._attend_heads(query, key, value, mask, training)
         return self.output_dense(attended), weights
 
     def call(
@@ -590,42 +425,20 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         return_attention_scores=False,
         training=None,
-        unpadding=None,
-        key_unpadding=None,
     ):
         self_attention = key is None and (value is None or value is query)
         value = query if value is None else value
-        if unpadding is None:
-            query_length = ops.shape(query)[1]
-            key_length = ops.shape(value)[1]
-        else:
-            query_length = unpadding.length
-            key_length = query_length if self_attention else ops.shape(value)[1]
         mask = merge_masks(
             attention_mask,
             key_padding_to_attention_mask(value_mask),
-            causal_mask(query_length, key_length) if use_causal_mask else None,
+            causal_mask(ops.shape(query)[1], ops.shape(value)[1]) if use_causal_mask else None,
         )
-        if unpadding is not None:
-            output, weights = self._attend_unpadded(
-                query,
-                key,
-                value,
-                mask,
-                unpadding,
-                key_unpadding,
-                training,
-                return_attention_scores,
-            )
+        if self_attention:
+            q, k, v = self.project_self_attention(query)
         else:
-            if self_attention:
-                q, k, v = self.project_self_attention(query)
-            else:
-                q = self.project_query(query)
-                k, v = self.project_key_value(value, key)
-            output, weights = self.attend(
-                q, k, v, mask, training, need_weights=return_attention_scores
-            )
+            q = self.project_query(query)
+            k, v = self.project_key_value(value, key)
+        output, weights = self.attend(q, k, v, mask, training)
         if return_attention_scores:
             return output, weights
         return output

@@ -2,12 +2,10 @@
 
 import keras
 
-from keras_transformer.layers.unpadding import Unpadding
-from keras_transformer.layers.unpadding import attach_unpadded
 
 
-def vocabulary_logits(project, inputs, mask=None, training=None):
-    """float32 logits `project(inputs)`, on the real rows only in training.
+def vocabulary_logits(project, inputs):
+    """float32 logits `project(inputs)`.
 
     The one implementation of the pre-softmax linear transformation's
     output, shared by `OutputProjection` and by a tied embedding
@@ -16,20 +14,11 @@ def vocabulary_logits(project, inputs, mask=None, training=None):
     Args:
         project: callable mapping `(..., d_model)` to `(..., vocab_size)`.
         inputs: float tensor `(batch, length, d_model)`.
-        mask: optional bool `(batch, length)`, the Keras mask of `inputs`.
-        training: bool. In training with a mask, the logits of padded
-            positions are not computed (they are 0), where the backend allows
-            data-dependent shapes (`Unpadding`); the logits then carry the
-            real rows along (`unpadding.attach_unpadded`).
 
     Returns:
         float32 tensor `(batch, length, vocab_size)`.
     """
-    unpadding = Unpadding.create(mask, training)
-    if unpadding is None:
-        return keras.ops.cast(project(inputs), "float32")
-    logits = keras.ops.cast(project(unpadding.unpad(inputs)), "float32")
-    return attach_unpadded(unpadding.pad(logits), logits, unpadding)
+    return keras.ops.cast(project(inputs), "float32")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -48,12 +37,6 @@ class OutputProjection(keras.layers.Dense):
 
     Call arguments:
         inputs: float tensor `(batch, length, d_model)`.
-        mask: optional bool `(batch, length)` (the Keras mask of `inputs`).
-        training: bool. In training with a mask, the logits of padded
-            positions are not computed (they are 0), where the backend allows
-            data-dependent shapes (`Unpadding`). The logits then carry the
-            real rows along (`unpadding.attach_unpadded`), which the masked
-            loss and accuracy use directly.
 
     Returns:
         float32 tensor `(batch, length, vocab_size)` of logits.
@@ -64,8 +47,8 @@ class OutputProjection(keras.layers.Dense):
         super().__init__(units=int(vocab_size), **kwargs)
         self.vocab_size = int(vocab_size)
 
-    def call(self, inputs, mask=None, training=None):
-        return vocabulary_logits(super().call, inputs, mask, training)
+    def call(self, inputs):
+        return vocabulary_logits(super().call, inputs)
 
     def output_weights(self):
         """`(kernel (d_model, vocab_size), bias (vocab_size,) or None)` in

@@ -119,8 +119,8 @@ class PositionalEmbedding(keras.layers.Layer):
             search's own outputs, one step at a time.
         reverse: bool, project float `inputs` `(batch, length, d_model)`
             onto the vocabulary instead (tied output projection).
-        mask, training: with `reverse=True`, as `OutputProjection` takes
-            them (logits of padded rows are skipped in training).
+        mask, training: accepted and unused (a Keras mask and the training
+            flag reach every layer of a functional model).
 
     Returns:
         float tensor `(batch, length, d_model)` in the layer's compute dtype;
@@ -201,7 +201,7 @@ class PositionalEmbedding(keras.layers.Layer):
     def call(self, inputs, start_index=0, check_ids=True, reverse=False, mask=None,
              training=None):
         if reverse:
-            return vocabulary_logits(self._reverse, inputs, mask, training)
+            return vocabulary_logits(self._reverse, inputs)
         length = inputs.shape[1]
         if (
             length is not None

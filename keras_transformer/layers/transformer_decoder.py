@@ -14,7 +14,6 @@ from keras_transformer.layers.multi_head_attention import single_query_attention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
-from keras_transformer.layers.unpadding import Unpadding
 
 
 def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
@@ -59,7 +58,7 @@ _BATCH_MESSAGE = (
 )
 
 
-def _check_same_batch(inputs, encoder_outputs):
+def check_same_batch(inputs, encoder_outputs):
     """`inputs`, once its batch size is checked against the encoder's.
 
     Without the check, tensorflow broadcast a batch of 1 against the other
@@ -137,10 +136,7 @@ class TransformerDecoder(TransformerBlock):
             source_length)` float32 weights.
 
     Returns:
-        float tensor `(batch, target_length, d_model)`. In training with a
-        target mask, the padded positions of the output are 0: the
-        position-wise layers skip them (`Unpadding`) where the backend
-        allows data-dependent shapes.
+        float tensor `(batch, target_length, d_model)`.
 
     Raises:
         ValueError: if `num_heads` does not divide `d_model`, or
@@ -242,7 +238,7 @@ class TransformerDecoder(TransformerBlock):
                 "TransformerDecoder needs `encoder_outputs`, the output of the "
                 "encoder stack, shape (batch, source_length, d_model)."
             )
-        inputs = _check_same_batch(inputs, encoder_outputs)
+        inputs = check_same_batch(inputs, encoder_outputs)
         target_length = ops.shape(inputs)[1]
         self_mask = merge_masks(
             key_padding_to_attention_mask(inputs_mask),
@@ -250,41 +246,27 @@ class TransformerDecoder(TransformerBlock):
         )
         cross_mask = key_padding_to_attention_mask(encoder_outputs_mask)
         weights = {}
-        # In training, the position-wise work runs on the real target tokens
-        # only (see `unpadding.py`); the output is padded back with zeros.
-        unpadding = Unpadding.create(inputs_mask, training)
-        source_unpadding = None
-        if unpadding is not None:
-            source_unpadding = Unpadding.create(encoder_outputs_mask, training)
-        x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def self_attend(x):
-            result = self.self_attention(
+            return self.self_attention(
                 x,
                 x,
                 attention_mask=self_mask,
-                return_attention_scores=return_attention_scores,
+                return_attention_scores=True,
                 training=training,
-                unpadding=unpadding,
             )
-            # Weights only when asked for: without them the attention may
-            # run as one fused kernel (`MultiHeadAttention._attend_heads`).
-            return result if return_attention_scores else (result, None)
 
         def cross_attend(x):
-            result = self.cross_attention(
+            return self.cross_attention(
                 x,
                 encoder_outputs,
                 attention_mask=cross_mask,
-                return_attention_scores=return_attention_scores,
+                return_attention_scores=True,
                 training=training,
-                unpadding=unpadding,
-                key_unpadding=source_unpadding,
             )
-            return result if return_attention_scores else (result, None)
 
         x, (weights["self_attention"],) = residual(
-            x,
+            inputs,
             self_attend,
             self.self_attention_layer_norm,
             self.self_attention_dropout,
@@ -292,8 +274,6 @@ class TransformerDecoder(TransformerBlock):
             training,
         )
         x = self._cross_and_feedforward(x, cross_attend, training, weights)
-        if unpadding is not None:
-            x = unpadding.pad(x)
         if return_attention_scores:
             return x, weights
         return x

@@ -9,7 +9,6 @@ from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
-from keras_transformer.layers.unpadding import Unpadding
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -47,9 +46,6 @@ class TransformerEncoder(TransformerBlock):
 
     Returns:
         float tensor `(batch, length, d_model)` with the input's Keras mask.
-        In training with a mask, the padded positions of the output are 0:
-        the position-wise layers skip them (`Unpadding`) where the backend
-        allows data-dependent shapes.
 
     Raises:
         ValueError: if `num_heads` does not divide `d_model`.
@@ -103,26 +99,18 @@ class TransformerEncoder(TransformerBlock):
 
     def call(self, inputs, mask=None, training=None, return_attention_scores=False):
         attention_mask = key_padding_to_attention_mask(mask)
-        # In training, the position-wise work runs on the real tokens only
-        # (see `unpadding.py`); the output is padded back with zeros.
-        unpadding = Unpadding.create(mask, training)
-        x = inputs if unpadding is None else unpadding.unpad(inputs)
 
         def attend(x):
-            result = self.self_attention(
+            return self.self_attention(
                 x,
                 x,
                 attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
+                return_attention_scores=True,
                 training=training,
-                unpadding=unpadding,
             )
-            # Weights only when asked for: without them the attention may
-            # run as one fused kernel (`MultiHeadAttention._attend_heads`).
-            return result if return_attention_scores else (result, None)
 
         x, (weights,) = residual(
-            x,
+            inputs,
             attend,
             self.self_attention_layer_norm,
             self.self_attention_dropout,
@@ -137,8 +125,6 @@ class TransformerEncoder(TransformerBlock):
             self.norm_first,
             training,
         )
-        if unpadding is not None:
-            x = unpadding.pad(x)
         if return_attention_scores:
             return x, weights
         return x

@@ -38,6 +38,49 @@ def embedding_layers(model):
     return encoder, decoder, output
 
 
+class TransformerLayers:
+    """The layers of a `build_transformer` model, in the order they run.
+
+    The one place that knows `build_transformer`'s layer names; step-by-step
+    decoding (`decoding.model_parts`) and the training fast path
+    (`keras_transformer.fast_path`) both read the model through it.
+
+    Attributes:
+        encoder_embedding, decoder_embedding: `PositionalEmbedding` (one
+            layer under `tie_embeddings="all"`).
+        logits_layer: the `OutputProjection`, or the decoder embedding when
+            it is tied to the output.
+        encoder_embedding_dropout, decoder_embedding_dropout: their
+            `keras.layers.Dropout` layers.
+        encoder_layers, decoder_layers: lists of `TransformerEncoder` and
+            `TransformerDecoder` blocks.
+        encoder_final_norm, decoder_final_norm: `LayerNormalization` of
+            pre-LN stacks, else None.
+
+    Raises:
+        ValueError: if `model` lacks the layers `build_transformer` names.
+    """
+
+    def __init__(self, model):
+        self.encoder_embedding, self.decoder_embedding, self.logits_layer = (
+            embedding_layers(model)
+        )
+        layers = {layer.name: layer for layer in model.layers}
+        names = [layer.name for layer in model.layers]
+        self.encoder_layers = [layers[n] for n in names if n.startswith("encoder_layer_")]
+        self.decoder_layers = [layers[n] for n in names if n.startswith("decoder_layer_")]
+        if not self.encoder_layers or not self.decoder_layers:
+            raise ValueError(
+                "Expected a model made by keras_transformer.build_transformer, with "
+                f"layers encoder_layer_0... and decoder_layer_0...; {model.name!r} has "
+                f"{sorted(layers)}."
+            )
+        self.encoder_embedding_dropout = layers.get("encoder_embedding_dropout")
+        self.decoder_embedding_dropout = layers.get("decoder_embedding_dropout")
+        self.encoder_final_norm = layers.get("encoder_final_norm")
+        self.decoder_final_norm = layers.get("decoder_final_norm")
+
+
 def check_sizes(**sizes):
     """The size checks of `build_transformer`, callable before building.
 

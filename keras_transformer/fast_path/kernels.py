@@ -1,4 +1,4 @@
-"""Fused CPU kernels for training on TensorFlow, compiled on first use.
+"""Fused CPU kernels of the training fast path, built by an explicit step.
 
 Several steps of every training step are chains of small element-wise ops
 in TensorFlow, each a pass over memory. `fused_ops.cc` does each, forward
@@ -16,13 +16,13 @@ and backward, in one pass:
   all 0) and their dropout;
 - `fused_softmax_cross_entropy(labels, logits, label_smoothing)`: the
   label-smoothed cross-entropy (section 5.4) and its gradient, recording
-  the argmax that `MaskedAccuracy` reuses (`argmax_of`);
+  the argmax that the accuracy reuses;
 - the ops `KtGatherRows` and `KtGatherRowsFromParts`: the row gathers of
-  `layers.unpadding`, where one index past the last row gives zeros (no
+  `fast_path.unpadding`, where one index past the last row gives zeros (no
   copy of the input with a zero row appended), the second from Q/K/V parts
   without stacking them.
 
-The kernels compute in float32. Under `mixed_bfloat16` the layers run them
+The kernels compute in float32. Under `mixed_bfloat16` the fast path runs them
 on float32 casts of their bfloat16 tensors and cast the results back; the
 gathers, which only move rows, also take bfloat16 directly.
 
@@ -42,7 +42,7 @@ changes or `build(force=True)` (`build-kernels --force`) asks again.
 
 Where the library is not built (not Linux, no compiler, a failed build,
 `build()` never run) or is turned off with
-`KERAS_TRANSFORMER_FUSED_KERNELS=0`, the layers run their TensorFlow-op
+`KERAS_TRANSFORMER_FUSED_KERNELS=0`, the fast path runs its TensorFlow-op
 versions, as they do on a machine with a GPU. The kernels are used only in
 training (`training=True`) and never under XLA, so SavedModels for serving
 and inference graphs contain only TensorFlow's own ops. They have no
@@ -52,7 +52,7 @@ differentiate a training step twice.
 Dropout masks come from a counter-based hash (SplitMix64's mixer) of the
 element index and the layer's seed, in 16-bit steps: an element is dropped
 with probability `round(rate * 2^16) / 2^16` and kept elements are scaled
-by the inverse of the keep probability, as `layers.dropout` does with
+by the inverse of the keep probability, as `fast_path.ops.dropout` does with
 TensorFlow's random numbers (the two give different masks).
 """
 
@@ -395,7 +395,7 @@ def fused_masked_softmax_dropout(scores, mask, rate, seed):
     """Attention weights and their dropout in one pass (equation (1),
     section 5.4 on the weights).
 
-    The weights are `layers.masked_softmax(scores, mask)`: a softmax over
+    The weights are `layers.multi_head_attention.masked_softmax(scores, mask)`: a softmax over
     the allowed keys, exactly 0 at blocked ones and in a row with none
     allowed. The dropout mask is `fused_dropout`'s for the same seed.
 
@@ -430,47 +430,13 @@ def fused_masked_softmax_dropout(scores, mask, rate, seed):
     return softmax_dropout(scores)
 
 
-# The accuracy's argmax, computed by the loss kernel in the same pass over
-# the logits, rides on the logits tensor (as `layers.unpadding` attaches the
-# real-token logits), so that `MaskedAccuracy` need not read them again.
-_ARGMAX = "_keras_transformer_argmax"
-
-
-def argmax_of(logits):
-    """int32 argmax over the last axis recorded by
-    `fused_softmax_cross_entropy` on this very tensor, or None (also when
-    it was recorded in another graph than the current one)."""
-    import tensorflow as tf
-
-    argmax = getattr(logits, _ARGMAX, None)
-    if argmax is None:
-        return None
-    if tf.executing_eagerly():
-        return None if tf.is_symbolic_tensor(argmax) else argmax
-    if not tf.is_symbolic_tensor(argmax) or argmax.graph is not tf.compat.v1.get_default_graph():
-        return None
-    return argmax
-
-
-def record_argmax(tensor, argmax):
-    """Attach `argmax` (from `argmax_of` of a cast of `tensor`) to `tensor`,
-    so that `argmax_of(tensor)` finds it; a cast to float32 does not move
-    the largest logit. Does nothing for None or a tensor without attributes."""
-    if argmax is None:
-        return
-    try:
-        setattr(tensor, _ARGMAX, argmax)
-    except AttributeError:
-        pass
-
-
 def fused_softmax_cross_entropy(labels, logits, label_smoothing):
     """Per-row softmax cross-entropy with label smoothing (section 5.4).
 
     The loss against the target `(1 - eps) * onehot(label) + eps / V`,
     `logsumexp(x) - (1 - eps) * x[label] - eps * mean(x)`, and its gradient
-    `softmax(x) - target`, each in one pass over the logits. The first index
-    of each row's largest logit is recorded on `logits` (`argmax_of`).
+    `softmax(x) - target`, each in one pass over the logits, which also
+    finds the first index of each row's largest logit (for the accuracy).
 
     Args:
         labels: int32 `(N,)`, in `[0, V)`.
@@ -478,7 +444,7 @@ def fused_softmax_cross_entropy(labels, logits, label_smoothing):
         label_smoothing: python float, epsilon_ls in [0, 1).
 
     Returns:
-        float32 `(N,)`.
+        `(loss float32 (N,), argmax int32 (N,))`.
     """
     import tensorflow as tf
 
@@ -501,8 +467,4 @@ def fused_softmax_cross_entropy(labels, logits, label_smoothing):
         return loss, grad
 
     loss = cross_entropy(logits)
-    try:
-        setattr(logits, _ARGMAX, argmax[0])
-    except AttributeError:  # a tensor type without attributes: no shortcut
-        pass
-    return loss
+    return loss, tf.stop_gradient(argmax[0])

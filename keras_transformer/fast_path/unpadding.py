@@ -11,9 +11,8 @@ technique of Effective Transformer / FasterTransformer (flash-attn calls the
 two moves `unpad_input` and `pad_input`).
 
 It needs tensors whose size depends on the data, so it runs where a backend
-allows them: TensorFlow graphs not compiled by XLA, and PyTorch. Under JAX,
-and in TensorFlow functions with `jit_compile=True`, `Unpadding.create`
-returns `None` and the layers keep the padded layout.
+allows them: the training fast path (`keras_transformer.fast_path`) is
+attached only on TensorFlow without XLA compilation.
 """
 
 import math
@@ -23,7 +22,7 @@ import keras
 from keras_transformer.devices import in_xla_context
 from keras import ops
 
-from keras_transformer import kernels
+from keras_transformer.fast_path import kernels
 
 
 def dynamic_shapes_allowed():
@@ -79,18 +78,6 @@ class Unpadding:
         # Row of each padded position among the real tokens.
         self._slots = ops.cumsum(ops.cast(self._real, "int32")) - 1
         self._gathers = {}
-
-    @classmethod
-    def create(cls, mask, training=None):
-        """An `Unpadding` for a training step, or None where it cannot help.
-
-        Returns None without a mask, outside training (inference keeps the
-        padded layout, so its outputs at padded positions are unchanged),
-        and where the backend needs static shapes (`dynamic_shapes_allowed`).
-        """
-        if mask is None or not training or not dynamic_shapes_allowed():
-            return None
-        return cls(mask)
 
     def _head_gathers(self, parts, heads):
         """Row indices between `(tokens, parts, heads)` and `(parts, batch,
@@ -235,25 +222,3 @@ def gather_rows(rows, index, inverse, zero_row):
         return _take_rows(x, index, zero_row), grad
 
     return gather(rows)
-
-
-# The logits of a training step are built from the real tokens' logits
-# `(tokens, vocab)`, padded back to `(batch, length, vocab)` for the Keras
-# API. The padded tensor carries the compact one along (as Keras carries
-# `_keras_mask`), so the masked loss and accuracy can work on the real rows
-# only and leave the padded tensor unused (TensorFlow then prunes it).
-_UNPADDED = "_keras_transformer_unpadded"
-
-
-def attach_unpadded(padded, unpadded, unpadding):
-    """Record on `padded` that it is `unpadding.pad(unpadded)`; returns it."""
-    try:
-        setattr(padded, _UNPADDED, (unpadded, unpadding))
-    except AttributeError:  # a tensor type without attributes: no shortcut
-        pass
-    return padded
-
-
-def unpadded_of(tensor):
-    """`(unpadded, unpadding)` recorded by `attach_unpadded`, or None."""
-    return getattr(tensor, _UNPADDED, None)
