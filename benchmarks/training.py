@@ -306,9 +306,12 @@ def worker(args):
     print("RESULT " + json.dumps(row), flush=True)
 
 
-# (label, backend, contender, jit, dtype) run each in a process of its own.
+# (label, backend, contender, jit, dtype[, environment]) run each in a process
+# of its own.
 ALONE = [
     ("ours tensorflow", "tensorflow", "ours", "off", None),
+    ("ours tf, no kernels", "tensorflow", "ours", "off", None, {"KERAS_TRANSFORMER_FUSED_KERNELS": "0"}),
+    ("ours tf, no fast path", "tensorflow", "ours", "off", None, {"KERAS_TRANSFORMER_FAST_PATH": "0"}),
     ("ours tensorflow+XLA", "tensorflow", "ours", "on", None),
     ("ours tensorflow bf16", "tensorflow", "ours", "off", "mixed_bfloat16"),
     ("ours jax (XLA)", "jax", "ours", "auto", None),
@@ -321,12 +324,12 @@ ALONE = [
 def alone(steps, warmup, peak):
     print(f"\n== each alone in its own process (identical random batches; {steps} timed steps)")
     print(f"{'run':24} {'tokens/s':>9} {'step ms':>8} {'% peak':>7} {'peak RSS MB':>12}")
-    for label, backend, name, jit, dtype in ALONE:
+    for label, backend, name, jit, dtype, *environment in ALONE:
         command = [sys.executable, __file__, "--worker", name, "--jit", jit,
                    "--steps", str(steps), "--warmup", str(warmup)]
         if dtype:
             command += ["--dtype", dtype]
-        env = dict(os.environ, KERAS_BACKEND=backend)
+        env = dict(os.environ, KERAS_BACKEND=backend, **(environment[0] if environment else {}))
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:

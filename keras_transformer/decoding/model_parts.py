@@ -5,13 +5,13 @@ from keras import ops
 from keras_transformer.decoding.growing_cache import empty_growing_cache
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.layers.transformer_decoder import cached_step_masks
-from keras_transformer.models.transformer import embedding_layers
+from keras_transformer.models.transformer import TransformerLayers
 
 
 class TransformerParts:
     """The layers of a `build_transformer` model, wired for decoding.
 
-    Finds the layers by their stable names, runs the encoder once per
+    Reads the layers through `TransformerLayers`, runs the encoder once per
     source, and runs the decoder one token at a time against a key/value
     cache: self-attention keys and values are written into a fixed-size
     cache per layer, cross-attention keys and values are computed once per
@@ -29,22 +29,14 @@ class TransformerParts:
     """
 
     def __init__(self, model, pad_id=0, growing_cache=False):
-        self.encoder_embedding, self.decoder_embedding, self.logits_layer = (
-            embedding_layers(model)
-        )
-        names = [layer.name for layer in model.layers]
-        self.encoder_layers = [
-            model.get_layer(n) for n in names if n.startswith("encoder_layer_")
-        ]
-        self.decoder_layers = [
-            model.get_layer(n) for n in names if n.startswith("decoder_layer_")
-        ]
-        self.encoder_final_norm = (
-            model.get_layer("encoder_final_norm") if "encoder_final_norm" in names else None
-        )
-        self.decoder_final_norm = (
-            model.get_layer("decoder_final_norm") if "decoder_final_norm" in names else None
-        )
+        layers = TransformerLayers(model)
+        self.encoder_embedding = layers.encoder_embedding
+        self.decoder_embedding = layers.decoder_embedding
+        self.logits_layer = layers.logits_layer
+        self.encoder_layers = layers.encoder_layers
+        self.decoder_layers = layers.decoder_layers
+        self.encoder_final_norm = layers.encoder_final_norm
+        self.decoder_final_norm = layers.decoder_final_norm
         self.model = model
         self.pad_id = pad_id
         self.growing_cache = bool(growing_cache)
