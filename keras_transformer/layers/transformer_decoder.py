@@ -408,7 +408,7 @@ class TransformerDecoder(TransformerBlock):
 
         # One position per row: work on (batch, d_model), no length axis.
         x, _ = residual(
-            ops.reshape(inputs, (batch, -1)),
+            ops.reshape(inputs, (batch, inputs.shape[-1] or -1)),  # a static width for LayerNorm
             self_attend,
             self.self_attention_layer_norm,
             self.self_attention_dropout,
