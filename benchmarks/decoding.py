@@ -130,7 +130,7 @@ def main():
     keras.utils.set_random_seed(0)
     model = build_transformer(
         src_tok.vocab_size, tgt_tok.vocab_size, num_layers=3, d_model=256, num_heads=4,
-        dff=1024, dropout_rate=0.1, max_length=OUTPUT_TOKENS + 1,
+        dff=1024, dropout_rate=0.1, sequence_length=OUTPUT_TOKENS + 1,
     )
     kernel, bias = model.get_layer("logits").get_weights()
     bias[END_ID] = -1e4  # never end early: every output has OUTPUT_TOKENS tokens

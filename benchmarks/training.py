@@ -212,9 +212,9 @@ def multi30k_batches(n, directory):
     en, de = f"{directory}/train.en.gz", f"{directory}/train.de.gz"
     src_tok = train_subword_tokenizer(en, VOCAB, max_sentences=10000)
     tgt_tok = train_subword_tokenizer(de, VOCAB, max_sentences=10000)
-    ours = make_dataset(en, de, src_tok, tgt_tok, max_length=MAX_LEN, tokens_per_batch=BATCH * 24, seed=0)
-    default = make_dataset(en, de, src_tok, tgt_tok, max_length=MAX_LEN, tokens_per_batch=TRAIN_TOKENS, seed=0)
-    plain = make_dataset(en, de, src_tok, tgt_tok, max_length=MAX_LEN, batch_size=BATCH, seed=0)
+    ours = make_dataset(en, de, src_tok, tgt_tok, sequence_length=MAX_LEN, tokens_per_batch=BATCH * 24, seed=0)
+    default = make_dataset(en, de, src_tok, tgt_tok, sequence_length=MAX_LEN, tokens_per_batch=TRAIN_TOKENS, seed=0)
+    plain = make_dataset(en, de, src_tok, tgt_tok, sequence_length=MAX_LEN, batch_size=BATCH, seed=0)
 
     def take(ds, pad):
         out = []

@@ -21,11 +21,11 @@ src_tok = kt.train_subword_tokenizer(train_en, 400)
 tgt_tok = kt.train_subword_tokenizer(train_de, 500)
 
 # 2. tf.data pipelines: tokenize, add start/end, shift, bucket by length.
-train_ds = kt.make_dataset(train_en, train_de, src_tok, tgt_tok, max_length=32, tokens_per_batch=2048)
-val_ds = kt.make_dataset(val_en, val_de, src_tok, tgt_tok, max_length=32, shuffle=False)
+train_ds = kt.make_dataset(train_en, train_de, src_tok, tgt_tok, sequence_length=32, tokens_per_batch=2048)
+val_ds = kt.make_dataset(val_en, val_de, src_tok, tgt_tok, sequence_length=32, shuffle=False)
 
 # 3. The model, the paper's schedule, masked loss with label smoothing.
-model = kt.build_from_preset("tiny", src_tok.vocab_size, tgt_tok.vocab_size, max_length=32)
+model = kt.build_from_preset("tiny", src_tok.vocab_size, tgt_tok.vocab_size, sequence_length=32)
 model.compile(
     optimizer=kt.Adam(kt.WarmupSchedule(d_model=128, warmup_steps=300), beta_2=0.98, epsilon=1e-9),
     loss=kt.MaskedSparseCategoricalCrossentropy(label_smoothing=0.1),

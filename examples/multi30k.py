@@ -66,7 +66,7 @@ def config_for(args):
         src_vocab_size=8000, tgt_vocab_size=8000,
         shared_vocab=True, tie_embeddings="all", dropout_rate=0.2,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
-        epochs=args.epochs, tokens_per_batch=4096, warmup_steps=1000, lr_scale=0.8, max_length=64,
+        epochs=args.epochs, tokens_per_batch=4096, warmup_steps=1000, lr_scale=0.8, sequence_length=64,
         early_stopping_patience=10, keep_checkpoints=10, average_last=10, bleu_every=5,
     )
 
@@ -237,7 +237,7 @@ set was translated once, by the chosen SavedModel.
 - Model: preset `small`: {mc['num_layers']} encoder + {mc['num_layers']} decoder layers (post-LN),
   d_model {mc['d_model']}, {mc['num_heads']} heads, dff {mc['dff']}; dropout {mc['dropout_rate']}
   (attention {mc.get('attention_dropout_rate')}, feed-forward activation {mc.get('activation_dropout_rate')});
-  max_length {mc['max_length']}; vocabulary {mc['src_vocab_size']} (source) / {mc['tgt_vocab_size']} (target),
+  sequence_length {mc.get('sequence_length', mc.get('max_length'))}; vocabulary {mc['src_vocab_size']} (source) / {mc['tgt_vocab_size']} (target),
   {'one SentencePiece model for both sides' if tc.get('shared_vocab') else 'separate SentencePiece models'};
   tied embeddings: {mc.get('tie_embeddings', 'none')}; cased, no lowercasing.
 - Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
@@ -262,7 +262,7 @@ keras-transformer evaluate --saved-model saved_models/multi30k-{m['pair']} \\
 ## Limitations
 
 Multi30k is image-caption text: short, simple, descriptive sentences. Expect much
-worse output on other domains. Inputs longer than {mc['max_length'] - 1} subword tokens are truncated.
+worse output on other domains. Inputs longer than {mc.get('sequence_length', mc.get('max_length')) - 1} subword tokens are truncated.
 """
     with open(os.path.join(out, "MODEL_CARD.md"), "w") as f:
         f.write(card)

@@ -57,7 +57,8 @@ def _add_training_args(parser):
     for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
         parser.add_argument(f"--{name}", type=kind, help="override the preset")
     helps = {
-        "max_length": "longest source / target in subword tokens; longer pairs are cut",
+        "sequence_length": "longest source / target in subword tokens (longer pairs are cut) and "
+                           "the model's position-table size",
         "src_vocab_size": "source SentencePiece vocabulary size",
         "tgt_vocab_size": "target SentencePiece vocabulary size",
         "tokens_per_batch": "token budget per batch and side, length-bucketed (0: fixed --batch-size)",
@@ -70,9 +71,11 @@ def _add_training_args(parser):
         "label_smoothing": "epsilon_ls of section 5.4",
     }
     positive = ("batch_size", "epochs", "max_train_pairs")
-    for name in ("max_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
+    for name in ("sequence_length", "src_vocab_size", "tgt_vocab_size", "tokens_per_batch", "batch_size",
                  "epochs", "warmup_steps", "seed", "max_train_pairs"):
-        parser.add_argument("--" + name.replace("_", "-"), type=_positive_int if name in positive else int,
+        # --max-length: the old name of --sequence-length, still accepted.
+        flags = ["--" + name.replace("_", "-")] + (["--max-length"] if name == "sequence_length" else [])
+        parser.add_argument(*flags, dest=name, type=_positive_int if name in positive else int,
                             default=getattr(defaults, name), help=f"{helps[name]} (default: %(default)s)")
     for name in ("lr_scale", "label_smoothing"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
@@ -205,7 +208,11 @@ def _apply_config_file(parser, argv):
     known, _ = pre.parse_known_args(argv)
     if known.config:
         try:
-            parser.set_defaults(**read_config_file(known.config))
+            values = read_config_file(known.config)
+            if values.get("max_length") is not None and values.get("sequence_length") is None:
+                values["sequence_length"] = values.pop("max_length")  # its old name
+            values.pop("max_length", None)
+            parser.set_defaults(**values)
         except (OSError, ValueError) as error:
             parser.exit(1, f"keras-transformer train: error: --config: {error}\n")
 
@@ -378,7 +385,7 @@ def cmd_demo(args):
     config = TrainingConfig(
         train_src=os.path.join(data, "train.en"), train_tgt=os.path.join(data, "train.de"),
         val_src=os.path.join(data, "val.en"), val_tgt=os.path.join(data, "val.de"),
-        output_dir=os.path.join(out, "run"), preset="tiny", max_length=32,
+        output_dir=os.path.join(out, "run"), preset="tiny", sequence_length=32,
         src_vocab_size=400, tgt_vocab_size=500, tokens_per_batch=2048,
         epochs=args.epochs, warmup_steps=300, lr_scale=1.0,
     )

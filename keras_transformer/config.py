@@ -28,7 +28,9 @@ class TrainingConfig:
         shared_vocab: one SentencePiece model trained on both sides, used as
             the source and the target tokenizer; its size is
             `src_vocab_size`, which must then equal `tgt_vocab_size`.
-        max_length: longest source / target in subword tokens.
+        sequence_length: longest source / target in subword tokens (longer
+            pairs are cut to it), and the rows of the model's position
+            tables; default 64. `max_length` is its deprecated old name.
         src_vocab_size, tgt_vocab_size: SentencePiece vocabulary sizes.
         lowercase: lowercase the text before tokenizing.
         tokens_per_batch: token budget per batch (per side), with length
@@ -80,7 +82,7 @@ class TrainingConfig:
     num_heads: int = None
     dff: int = None
     dropout_rate: float = None
-    max_length: int = 64
+    sequence_length: int = None
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
     lowercase: bool = False
@@ -106,6 +108,14 @@ class TrainingConfig:
     checkpoint_metric: str = "val_loss"
     tensorboard: bool = True
     checkpoint_every: int = None
+    max_length: int = None  # deprecated: sequence_length
+
+    def __post_init__(self):
+        from keras_transformer.deprecation import renamed_argument
+
+        self.sequence_length = renamed_argument(
+            "TrainingConfig", "sequence_length", self.sequence_length, "max_length", self.max_length, 64)
+        self.max_length = None
 
     @classmethod
     def from_file(cls, path, **overrides):
@@ -121,7 +131,11 @@ class TrainingConfig:
             ValueError: for a file that is not a JSON or YAML mapping, or an
                 unknown field (the message lists the known ones).
         """
-        return cls(**{**read_config_file(path), **check_config_values(overrides, "overrides")})
+        values = read_config_file(path)
+        overrides = check_config_values(overrides, "overrides")
+        if "sequence_length" in overrides:
+            values.pop("max_length", None)  # the file's old name for it
+        return cls(**{**values, **overrides})
 
     def model_config(self):
         """The `build_transformer` keyword arguments (without vocab sizes)."""
@@ -137,7 +151,7 @@ class TrainingConfig:
             attention_dropout_rate=self.attention_dropout_rate,
             activation_dropout_rate=self.activation_dropout_rate,
         )
-        config["max_length"] = self.max_length
+        config["sequence_length"] = self.sequence_length
         config["tie_embeddings"] = self.tie_embeddings
         return config
 

@@ -51,9 +51,9 @@ def _require_ctranslate2():
     return ctranslate2
 
 
-def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
+def _from_model(model, src_tokenizer, tgt_tokenizer, source_sequence_length=None):
     config = model.get_layer("encoder_layer_0").get_config()
-    positions = [layer.get_config().get("max_length") for layer in model.layers
+    positions = [layer.get_config().get("sequence_length") for layer in model.layers
                  if layer.name.endswith("_embedding")]
     return SavedModelContents(
         {weight.path: _value(weight) for weight in model.weights},
@@ -61,7 +61,7 @@ def _from_model(model, src_tokenizer, tgt_tokenizer, source_max_length=None):
         tgt_tokenizer.proto,
         src_tokenizer.lowercase,
         _special_ids(tgt_tokenizer),
-        max(p for p in positions if p) if any(positions) else source_max_length,
+        max(p for p in positions if p) if any(positions) else source_sequence_length,
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
         activation=config.get("activation", "relu"),
     )
@@ -235,7 +235,7 @@ def export_ctranslate2(source, output_dir, quantization=None, overwrite=False, w
             f.write(proto)
     with open(os.path.join(staging, METADATA_FILE), "w") as f:
         json.dump({"format": FORMAT, "lowercase": converted.lowercase, "special_ids": converted.special_ids,
-                   "source_max_length": converted.max_positions, "quantization": quantization}, f, indent=2)
+                   "source_sequence_length": converted.max_positions, "quantization": quantization}, f, indent=2)
     if os.path.isdir(output_dir):
         shutil.rmtree(output_dir)
     os.replace(staging, output_dir)
@@ -308,6 +308,9 @@ class CTranslate2Translator:
                                     "make one with `keras-transformer export --format ctranslate2`.")
         with open(os.path.join(path, METADATA_FILE)) as f:
             self.metadata = json.load(f)
+        # Exports of earlier versions name it source_max_length.
+        self._source_sequence_length = (self.metadata.get("source_sequence_length")
+                                        or self.metadata["source_max_length"])
         self.translator = ctranslate2.Translator(path, device=device, compute_type=compute_type,
                                                  intra_threads=intra_threads)
         self.src = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, SOURCE_MODEL))
@@ -319,7 +322,7 @@ class CTranslate2Translator:
         """SentencePiece pieces of each line, as `Translator` tokenizes it."""
         from keras_transformer.tokenizers.normalization import prepare_lines
 
-        keep = self.metadata["source_max_length"] - 1
+        keep = self._source_sequence_length - 1
         texts = prepare_lines(list(lines), self.metadata["lowercase"])
         return [self.src.encode(text, out_type=str)[:keep] if text else [] for text in texts]
 
@@ -328,7 +331,7 @@ class CTranslate2Translator:
         """CTranslate2's results for pre-tokenized input."""
         return self.translator.translate_batch(
             pieces, beam_size=beam_size, length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length or self.metadata["source_max_length"],
+            max_decoding_length=max_decoding_length or self._source_sequence_length,
             disable_unk=True, suppress_sequences=self._suppressed, max_batch_size=max_batch_size,
         )
 

@@ -94,7 +94,7 @@ def data_parallel_scope(strategy):
     Example:
     >>> from keras_transformer import build_from_preset
     >>> with data_parallel_scope(None):  # "data_parallel" on a machine with devices
-    ...     model = build_from_preset("tiny", 50, 50, max_length=8)
+    ...     model = build_from_preset("tiny", 50, 50, sequence_length=8)
     >>> model.name
     'transformer'
     """

@@ -93,7 +93,7 @@ def _model_settings(translator):
     block = translator.model.get_layer("encoder_layer_0")
     activation = keras.activations.serialize(block.activation)
     return {
-        "max_length": int(translator._parts.max_length),
+        "sequence_length": int(translator._parts.target_sequence_length),
         "layer_norm_epsilon": float(block.layer_norm_epsilon),
         "activation": activation if isinstance(activation, str) else None,
     }
@@ -114,8 +114,9 @@ def export_translator(translator, path, weights_dtype="float32"):
     - `translate_ids`: `source_ids` (`int32`, `[None, None]`, rows ending
       in the end id, padded with 0; one row `[None]` is a batch of one;
       ids outside the source vocabulary are an `InvalidArgumentError`) ->
-      `target_ids` (`int32`, `[None, T]`, T the decoding limit, the model's
-      `max_length` unless the translator sets a lower one; padded with 0
+      `target_ids` (`int32`, `[None, T]`, T the decoding limit, the
+      decoder's `sequence_length` unless the translator sets a lower
+      `max_length`; padded with 0
       after the end id) and `score`, for clients that tokenize themselves.
 
     The inputs are declared with an open rank (`saved_model_cli` shows
@@ -190,7 +191,7 @@ def export_translator(translator, path, weights_dtype="float32"):
     root.src_tokenizer = translator.src_tokenizer
     root.tgt_tokenizer = translator.tgt_tokenizer
     tf.saved_model.save(root, path, signatures=signatures)
-    target_length = translator._parts.max_length
+    target_length = translator._parts.target_sequence_length
     if translator.max_length is not None:
         target_length = min(int(translator.max_length), target_length)
     metadata = {
@@ -223,7 +224,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             "search": {"name": translator.search.name, **translator.search.get_config()},
             "beam_size": translator.beam_size,
             "length_penalty": translator.length_penalty,
-            "source_max_length": translator.source_max_length,
+            "source_sequence_length": translator.source_sequence_length,
             "allow_unk": translator.allow_unk,
         },
         "weights_dtype": weights_dtype,

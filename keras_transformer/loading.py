@@ -192,7 +192,10 @@ def read_saved_model(path):
     model = metadata.get("model", {})
     contents = SavedModelContents(
         weights, src, tgt, metadata.get("lowercase", False), ids,
-        model.get("max_length") or metadata["decoding"]["source_max_length"],
+        # Exports of earlier versions name these max_length and source_max_length.
+        (model.get("sequence_length") or model.get("max_length")
+         or metadata["decoding"].get("source_sequence_length")
+         or metadata["decoding"]["source_max_length"]),
         layer_norm_epsilon=model.get("layer_norm_epsilon", 1e-6),
         activation=model.get("activation", "relu"),
     )
@@ -244,7 +247,7 @@ def translator_from_saved_model(path, **decoding):
     src = SubwordTokenizer(contents.src_proto, lowercase=contents.lowercase)
     tgt = SubwordTokenizer(contents.tgt_proto, lowercase=contents.lowercase)
     model = build_transformer(
-        src.vocab_size, tgt.vocab_size, **contents.architecture(), max_length=contents.max_positions,
+        src.vocab_size, tgt.vocab_size, **contents.architecture(), sequence_length=contents.max_positions,
         dropout_rate=0.0, layer_norm_epsilon=contents.layer_norm_epsilon, activation=contents.activation,
     )
     for variable in model.weights:

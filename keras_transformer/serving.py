@@ -135,7 +135,7 @@ class ServingSignatures(tf.Module):
 
         `source_ids` int32 (batch, length): source subword ids, each row
         ending with `end_id` and padded with `pad_id` (0); longer rows than
-        the model's `max_length` are cut to `max_length - 1` ids + `end_id`.
+        the encoder's `sequence_length` are cut to `sequence_length - 1` ids + `end_id`.
         A single row `(length,)` is a batch of one.
         Returns `target_ids` int32 (batch, length): output ids ending with
         `end_id` then `pad_id`, no `start_id`; and `score` float32 (batch,).

@@ -99,6 +99,9 @@ def load_run(output_dir, which="best"):
         )
     with open(config_path) as f:
         config = json.load(f)
+    model_settings = config.get("model", {})
+    if "max_length" in model_settings:  # recorded by an earlier version
+        model_settings.setdefault("sequence_length", model_settings.pop("max_length"))
     if which not in ("best", "last", "averaged"):
         raise ValueError(f"`which` must be 'best', 'last' or 'averaged'; got {which!r}.")
     names = {"best": ["best.keras", "model.keras"], "last": ["model.keras"],
@@ -157,7 +160,7 @@ def _check_settings(config, model_config):
     holds its settings; invalid ones would lock it)."""
     sizes = {key: model_config[key] for key in ("num_layers", "d_model", "num_heads", "dff")}
     check_sizes(src_vocab_size=config.src_vocab_size, tgt_vocab_size=config.tgt_vocab_size, **sizes)
-    check_batching(config.max_length, config.tokens_per_batch or None, config.batch_size)
+    check_batching(config.sequence_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
     for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
@@ -222,10 +225,12 @@ def _best_so_far(out, monitor):
 # What a run folder cannot change between runs: the tokenizers and the
 # shapes of the weights. Epochs, learning rate, batching and the rest may.
 _FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase", "shared_vocab")
-_FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "max_length",
+_FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "sequence_length",
                 "norm_first", "activation", "tie_embeddings")
 # Values of settings that runs written before they existed had.
 _FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none"}
+# Settings that runs written before a rename recorded under their old names.
+_OLD_NAMES = {"sequence_length": "max_length"}
 
 
 # Files that make a run folder a run to continue: tokenizers and weights.
@@ -249,7 +254,9 @@ def _check_resumable(out, config, model_config):
         if before != now:
             changes.append(f"{key} {before!r} -> {now!r}")
     for key in _FIXED_MODEL:
-        before, now = saved.get("model", {}).get(key, _FIXED_DEFAULTS.get(key)), model_config.get(key)
+        saved_model = saved.get("model", {})
+        before = saved_model.get(key, saved_model.get(_OLD_NAMES.get(key), _FIXED_DEFAULTS.get(key)))
+        now = model_config.get(key)
         if before != now:
             changes.append(f"{key} {before!r} -> {now!r}")
     if changes:
@@ -397,7 +404,7 @@ def train(config, verbose=1):
     def dataset(src, tgt, shuffle):
         return make_dataset(
             src, tgt, src_tok, tgt_tok,
-            max_length=config.max_length,
+            sequence_length=config.sequence_length,
             tokens_per_batch=config.tokens_per_batch or None,
             batch_size=config.batch_size,
             shuffle=shuffle,

@@ -20,15 +20,15 @@ class Translator(tf.Module):
     """Translate strings with a trained Transformer, in one TensorFlow graph.
 
     Tokenizes the source in-graph, packs it as the training pipeline does
-    (`t[:max_length - 1] + [end_id]`), decodes with greedy search
+    (`t[:sequence_length - 1] + [end_id]`), decodes with greedy search
     (`beam_size=1`) or beam search with the GNMT length penalty, both with a
     key/value cache, and detokenizes, dropping every special token. The
     whole path is a `tf.function`, so it exports to a SavedModel
     (`keras_transformer.export`) that needs only `tensorflow` and
     `tensorflow_text` to run.
 
-    Input limit: a source longer than the model's `max_length` is
-    truncated to its first `max_length - 1` subword tokens plus the end
+    Input limit: a source longer than the encoder's `sequence_length` is
+    truncated to its first `sequence_length - 1` subword tokens plus the end
     token, the rule the training pipeline applies; nothing is raised.
 
     Needs the tensorflow Keras backend (the tokenizers are TensorFlow ops);
@@ -82,7 +82,7 @@ class Translator(tf.Module):
     >>> src_tok = train_subword_tokenizer(english, 120)
     >>> tgt_tok = train_subword_tokenizer(german, 120)
     >>> model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, num_layers=1,
-    ...                           d_model=16, num_heads=2, dff=32, max_length=16)
+    ...                           d_model=16, num_heads=2, dff=32, sequence_length=16)
     >>> translator = Translator(model, src_tok, tgt_tok, beam_size=2)
     >>> translator(["A dog runs.", "Two cats sleep."]).shape  # untrained: random words
     TensorShape([2])
@@ -158,11 +158,16 @@ class Translator(tf.Module):
         self.length_penalty = float(length_penalty)
         self.max_length = max_length
         self.length_ratio = length_ratio
-        self.source_max_length = self._parts.source_max_length
+        self.source_sequence_length = self._parts.source_sequence_length
         self.jit_compile = bool(jit_compile)
         self.allow_unk = bool(allow_unk)
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile)
         self._signatures = None
+
+    @property
+    def source_max_length(self):
+        """Deprecated: `source_sequence_length`."""
+        return self.source_sequence_length
 
     def _search_kwargs(self):
         return dict(
@@ -179,7 +184,7 @@ class Translator(tf.Module):
         ids = self.src_tokenizer.tokenize(text)
         return pack_source(
             ids,
-            self.source_max_length,
+            self.source_sequence_length,
             end_id=self.src_tokenizer.end_id,
             pad_id=self.src_tokenizer.pad_id,
             pad_to_max_length=False,
@@ -199,7 +204,7 @@ class Translator(tf.Module):
             raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
         if self.jit_compile:
             length = tf.shape(source_ids)[1]
-            padded = tf.minimum((length + 7) // 8 * 8, tf.maximum(self.source_max_length, length))
+            padded = tf.minimum((length + 7) // 8 * 8, tf.maximum(self.source_sequence_length, length))
             source_ids = tf.pad(source_ids, [[0, 0], [0, padded - length]])
         return self._search(source_ids, n_best)
 
@@ -248,7 +253,7 @@ class Translator(tf.Module):
         parts = self._parts
         encoder_outputs, encoder_mask = parts.encode(source_ids)
         cross = parts.cross_caches(encoder_outputs)
-        caches = parts.empty_self_caches(1, parts.max_length, encoder_outputs.dtype)
+        caches = parts.empty_self_caches(1, parts.target_sequence_length, encoder_outputs.dtype)
         rows = []
         for index, token in enumerate([self.tgt_tokenizer.start_id] + tokens[: n - 1]):
             _, caches, weights = parts.decode_step(
@@ -320,7 +325,7 @@ class Translator(tf.Module):
         return self.signatures.serve_ids(source_ids)
 
     def _clip_source(self, source_ids):
-        limit = self.source_max_length
+        limit = self.source_sequence_length
         too_long = tf.shape(source_ids)[1] > limit
         end = self.src_tokenizer.end_id
         pad = self.src_tokenizer.pad_id

@@ -22,7 +22,7 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     train_args = [
         "train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
         "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
-        "--output-dir", run, "--preset", "tiny", "--num-layers", "1", "--max-length", "24",
+        "--output-dir", run, "--preset", "tiny", "--num-layers", "1", "--sequence-length", "24",
         "--src-vocab-size", "150", "--tgt-vocab-size", "180", "--tokens-per-batch", "1024",
         "--warmup-steps", "20", "--epochs", "1",
     ]
@@ -196,8 +196,9 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
 
 @pytest.mark.parametrize("flags, message", [
     (["--num-heads", "3"], "num_heads=3 must divide d_model=128"),
-    (["--max-length", "1"], "`max_length` must be an int >= 2"),
-    (["--tokens-per-batch", "8"], "`tokens_per_batch` (8) must be at least `max_length`"),
+    (["--sequence-length", "1"], "`sequence_length` must be an int >= 2"),
+    (["--max-length", "1"], "`sequence_length` must be an int >= 2"),  # the flag's old name
+    (["--tokens-per-batch", "8"], "`tokens_per_batch` (8) must be at least `sequence_length`"),
     (["--warmup-steps", "0"], "warmup_steps"),
     (["--label-smoothing", "1.0"], "`label_smoothing` must be in [0, 1)"),
 ])
@@ -227,7 +228,7 @@ def test_resuming_keeps_best_keras_unless_beaten(tmp_path):
     config = dict(
         train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
         val_src=str(data / "val.en"), val_tgt=str(data / "val.de"), output_dir=str(run),
-        preset="tiny", num_layers=1, max_length=24, src_vocab_size=120, tgt_vocab_size=140,
+        preset="tiny", num_layers=1, sequence_length=24, src_vocab_size=120, tgt_vocab_size=140,
         tokens_per_batch=1024, warmup_steps=20,
     )
     train(TrainingConfig(epochs=1, **config), verbose=0)
@@ -364,7 +365,7 @@ def test_compiled_training_pads_batches_to_their_bucket(tmp_path, monkeypatch, j
     monkeypatch.setattr(training, "make_dataset", fake_make_dataset)
     config = training.TrainingConfig(
         train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
-        output_dir=str(tmp_path / "run"), preset="tiny", max_length=24,
+        output_dir=str(tmp_path / "run"), preset="tiny", sequence_length=24,
         src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=512, jit_compile=jit_compile,
     )
     with pytest.raises(KeyboardInterrupt):
@@ -412,7 +413,7 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     config.write_text(
         f"train_src: {data / 'train.en'}\ntrain_tgt: {data / 'train.de'}\n"
         f"val_src: {data / 'val.en'}\nval_tgt: {data / 'val.de'}\n"
-        "preset: tiny\nnum_layers: 1\nmax_length: 24\nsrc_vocab_size: 150\ntgt_vocab_size: 170\n"
+        "preset: tiny\nnum_layers: 1\nsequence_length: 24\nsrc_vocab_size: 150\ntgt_vocab_size: 170\n"
         "tokens_per_batch: 1024\nwarmup_steps: 10\nepochs: 5\n"
     )
     main(["train", "--config", str(config), "--output-dir", str(run), "--epochs", "2"])
@@ -470,7 +471,7 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     main(["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
           "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
           "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
-          "--max-length", "24", "--src-vocab-size", "150", "--tgt-vocab-size", "170",
+          "--sequence-length", "24", "--src-vocab-size", "150", "--tgt-vocab-size", "170",
           "--tokens-per-batch", "1024", "--warmup-steps", "10", "--epochs", "3"])
     out = capsys.readouterr().out
     assert "Read 300 training pairs and 20 validation pairs; vocabularies: source" in out
@@ -503,7 +504,7 @@ def test_train_refuses_a_folder_of_other_files_and_warns_about_warmup(tmp_path, 
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
-            "--preset", "tiny", "--num-layers", "1", "--max-length", "24", "--src-vocab-size", "100",
+            "--preset", "tiny", "--num-layers", "1", "--sequence-length", "24", "--src-vocab-size", "100",
             "--tgt-vocab-size", "100", "--tokens-per-batch", "1024", "--epochs", "1"]
     with pytest.raises(SystemExit) as info:
         main(args + ["--output-dir", str(busy)])
@@ -562,7 +563,7 @@ def test_checkpoint_every_n_steps_keeps_the_steps_of_a_killed_epoch(tmp_path, mo
     for every in (None, 3):
         run = tmp_path / f"run-{every}"
         args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
-                "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1", "--max-length", "24",
+                "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1", "--sequence-length", "24",
                 "--src-vocab-size", "100", "--tgt-vocab-size", "100", "--tokens-per-batch", "512",
                 "--warmup-steps", "5", "--epochs", "1", *(["--checkpoint-every", str(every)] if every else [])]
         original = training._Timer.on_train_batch_end

@@ -19,7 +19,7 @@ import sys
 import numpy as np, keras
 from keras_transformer import build_transformer, MaskedSparseCategoricalCrossentropy
 keras.utils.set_random_seed(0)
-model = build_transformer(SRC, TGT, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=10)
+model = build_transformer(SRC, TGT, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=10)
 # XLA on jax (C27). On torch, jit_compile means torch.compile, whose guard
 # code (torch 2.13) raises KeyError on the ragged last batch: train eagerly.
 model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(),

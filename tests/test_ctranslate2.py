@@ -35,7 +35,7 @@ SHIPPED = sorted(p for p in (REPO / "saved_models").iterdir() if (p / "saved_mod
 def our_greedy_ids(translator, lines):
     """Greedy output ids of `Translator` (end and padding dropped)."""
     ids = [translator.src_tokenizer.tokenize(tf.constant([line]))[0].numpy().tolist() for line in lines]
-    keep = translator.source_max_length - 1
+    keep = translator.source_sequence_length - 1
     rows = [row[:keep] + [translator.src_tokenizer.end_id] for row in ids]
     width = max(map(len, rows))
     batch = np.array([row + [0] * (width - len(row)) for row in rows], np.int32)
@@ -65,7 +65,7 @@ def test_greedy_ids_equal_ours_for_each_architecture(tokenizers, tmp_path, tie_e
     keras.utils.set_random_seed(3)
     model = build_transformer(
         src.vocab_size, tgt.vocab_size, num_layers=2, d_model=32, num_heads=4, dff=64,
-        dropout_rate=0.0, max_length=16, tie_embeddings=tie_embeddings, norm_first=norm_first,
+        dropout_rate=0.0, sequence_length=16, tie_embeddings=tie_embeddings, norm_first=norm_first,
     )
     translator = Translator(model, src, tgt, beam_size=1)
     ours = our_greedy_ids(translator, lines)
@@ -84,7 +84,7 @@ def test_greedy_ids_equal_ours_for_each_architecture(tokenizers, tmp_path, tie_e
 def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
     src, tgt, lines = tokenizers
     model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4,
-                              dff=64, max_length=16)
+                              dff=64, sequence_length=16)
     translator = Translator(model, src, tgt, beam_size=1)
     out = str(tmp_path / "ct2")
     export_ctranslate2(translator, out)

@@ -23,7 +23,7 @@ SOURCES = np.array([[5, 6, 7, END, PAD, PAD], [8, 9, 10, 11, 12, END]], "int32")
 def parts():
     keras.utils.set_random_seed(0)
     model = build_transformer(
-        30, 25, num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, max_length=10
+        30, 25, num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, sequence_length=10
     )
     return TransformerParts(model)
 
@@ -34,7 +34,7 @@ def test_cached_step_logits_equal_uncached_full_pass(parts):
     full = to_numpy(parts.decode_uncached(SOURCES, target))
     encoder_outputs, mask = parts.encode(SOURCES)
     cross = parts.cross_caches(encoder_outputs)
-    caches = parts.empty_self_caches(2, parts.max_length, "float32")
+    caches = parts.empty_self_caches(2, parts.target_sequence_length, "float32")
     for t in range(target.shape[1]):
         logits, caches = parts.decode_step(target[:, t], t, caches, cross, mask)
         np.testing.assert_allclose(to_numpy(logits), full[:, t], atol=1e-5)
@@ -45,17 +45,17 @@ def test_greedy_equals_uncached_argmax_decoding(parts):
     tokens = to_numpy(tokens)
     for row in range(2):
         prefix = [START]
-        for _ in range(parts.max_length):
+        for _ in range(parts.target_sequence_length):
             logits = to_numpy(parts.decode_uncached(SOURCES[row : row + 1], np.array([prefix], "int32")))
             candidates = logits[0, -1].copy()
             candidates[[PAD, START]] = -np.inf  # never outputs
             nxt = int(candidates.argmax())
-            if len(prefix) == parts.max_length:
+            if len(prefix) == parts.target_sequence_length:
                 nxt = END  # forced at the limit
             prefix.append(nxt)
             if nxt == END:
                 break
-        want = prefix[1:] + [PAD] * (parts.max_length + 1 - len(prefix))
+        want = prefix[1:] + [PAD] * (parts.target_sequence_length + 1 - len(prefix))
         np.testing.assert_array_equal(tokens[row], want)
 
 
@@ -80,11 +80,11 @@ class ScriptedParts:
     best continuation of every hypothesis is END (C20).
     """
 
-    max_length = 8
+    target_sequence_length = 8
     vocab_size = 10
 
     def __init__(self):
-        table = np.full((self.max_length, self.vocab_size), -6.0, "float32")
+        table = np.full((self.target_sequence_length, self.vocab_size), -6.0, "float32")
         for step, (best, second) in enumerate([(4, 7), (5, 7), (6, 7)]):
             table[step, best], table[step, second], table[step, 8] = 0.0, -0.5, -1.0
         table[3:, END] = 0.0
@@ -139,13 +139,13 @@ def test_c20_finished_beams_stop_and_are_distinct():
 
 class MarkovParts(ScriptedParts):
     """A fake model whose logits depend on the step and the last token
-    only, `table[step, last_token]` (`(max_length, vocab, vocab)`).
+    only, `table[step, last_token]` (`(target_sequence_length, vocab, vocab)`).
     Counts its decoding steps (on backends whose loops run the body once
     per step; jax traces it once)."""
 
     def __init__(self, table):
         self.table = np.asarray(table, "float32")
-        self.max_length, self.vocab_size = self.table.shape[:2]
+        self.target_sequence_length, self.vocab_size = self.table.shape[:2]
         self.steps = 0
 
     def decode_step(self, token_ids, index, caches, cross, mask, weights=None):
@@ -277,9 +277,9 @@ def test_greedy_cross_attention_weights(parts):
     plain, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(plain))
     tokens, attention = to_numpy(tokens), to_numpy(attention)
-    assert attention.shape == (2, parts.max_length, parts.num_heads, SOURCES.shape[1])
+    assert attention.shape == (2, parts.target_sequence_length, parts.num_heads, SOURCES.shape[1])
     for row in range(2):
-        n = int(np.flatnonzero(tokens[row] == END)[0]) + 1 if END in tokens[row] else parts.max_length
+        n = int(np.flatnonzero(tokens[row] == END)[0]) + 1 if END in tokens[row] else parts.target_sequence_length
         real = SOURCES[row] != PAD
         np.testing.assert_allclose(attention[row, :n].sum(-1), 1.0, atol=1e-5)
         np.testing.assert_array_equal(attention[row, :, :, ~real], 0.0)
@@ -307,7 +307,7 @@ def test_searches_never_output_pad_or_start_and_score_the_model_probability(rais
     the output, and beam scores times the length penalty do too (1e-4)."""
     keras.utils.set_random_seed(1)
     model = build_transformer(60, 50, num_layers=1, d_model=16, num_heads=2, dff=32,
-                              dropout_rate=0.0, max_length=10)
+                              dropout_rate=0.0, sequence_length=10)
     kernel, bias = model.get_layer("logits").get_weights()
     bias[list(raised)] += 4.0
     model.get_layer("logits").set_weights([kernel, bias])
@@ -345,8 +345,8 @@ def test_growing_caches_give_the_fixed_caches_results(parts):
     target = np.array([[START, 4, 5, 6, 7], [START, 9, 9, 8, 4]], "int32")
     encoder_outputs, mask = parts.encode(SOURCES)
     cross = parts.cross_caches(encoder_outputs)
-    fixed_caches = parts.empty_self_caches(2, parts.max_length, "float32")
-    grown = growing.empty_self_caches(2, parts.max_length, "float32")
+    fixed_caches = parts.empty_self_caches(2, parts.target_sequence_length, "float32")
+    grown = growing.empty_self_caches(2, parts.target_sequence_length, "float32")
     for t in range(target.shape[1]):
         want, fixed_caches = parts.decode_step(target[:, t], t, fixed_caches, cross, mask)
         got, grown = growing.decode_step(target[:, t], t, grown, cross, mask)

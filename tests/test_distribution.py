@@ -30,7 +30,7 @@ from keras_transformer.optimizers import Adam
 def make(optimizer=None):
     keras.utils.set_random_seed(0)
     model = build_transformer(30, 30, num_layers=1, d_model=16, num_heads=2, dff=32,
-                              dropout_rate=0.0, max_length=8)
+                              dropout_rate=0.0, sequence_length=8)
     model.compile(optimizer or keras.optimizers.SGD(0.5),
                   MaskedSparseCategoricalCrossentropy(label_smoothing=0.1))
     return model
@@ -109,7 +109,7 @@ for name, lines in (("src.txt", en), ("tgt.txt", de)):
         f.write("\n".join(lines) + "\n")
 config = TrainingConfig(
     os.path.join(out, "src.txt"), os.path.join(out, "tgt.txt"), output_dir=os.path.join(out, "run"),
-    preset="tiny", max_length=24, src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=300,
+    preset="tiny", sequence_length=24, src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=300,
     epochs=1, distribution="data_parallel",
 )
 if sys.argv[2] == "odd":
@@ -121,7 +121,7 @@ if sys.argv[2] == "odd":
     config = TrainingConfig(
         os.path.join(out, "train.en"), os.path.join(out, "train.de"),
         val_src=os.path.join(out, "val.en"), val_tgt=os.path.join(out, "val.de"),
-        output_dir=os.path.join(out, "run"), preset="tiny", num_layers=1, max_length=24,
+        output_dir=os.path.join(out, "run"), preset="tiny", num_layers=1, sequence_length=24,
         src_vocab_size=150, tgt_vocab_size=180, epochs=1, distribution="data_parallel",
     )
 model, _, _ = train(config, verbose=0)

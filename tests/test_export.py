@@ -53,11 +53,11 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     model = build_transformer(
         src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4, dff=64,
-        dropout_rate=0.0, max_length=12,
+        dropout_rate=0.0, sequence_length=12,
     )
     tied = build_transformer(
         src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4, dff=64,
-        dropout_rate=0.0, max_length=12, tie_embeddings="target",
+        dropout_rate=0.0, sequence_length=12, tie_embeddings="target",
     )
     root = tmp_path_factory.mktemp("export")
     translators = {
@@ -93,7 +93,7 @@ def test_c15_ops_are_core_or_tensorflow_text(exported):
 
 def test_metadata_gives_the_declared_signature_shapes(exported):
     """`keras_transformer.json` states each output's declared shape (here
-    `target_ids` is `[None, 12]`, the model's `max_length`), and the inputs
+    `target_ids` is `[None, 12]`, the decoder's `sequence_length`), and the inputs
     are rank-open, as the README says."""
     _, paths = exported
     for path in paths.values():
@@ -201,15 +201,15 @@ def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
 
 
 def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
-    """C09: a source longer than max_length is cut to max_length - 1 tokens + end."""
+    """C09: a source longer than sequence_length is cut to sequence_length - 1 tokens + end."""
     translators, _ = exported
     translator = translators["greedy"]
     long_text = " ".join(["the dog runs in the park"] * 6)
     ids = translator.encode_source(tf.constant([long_text])).numpy()
-    assert ids.shape == (1, translator.source_max_length)
+    assert ids.shape == (1, translator.source_sequence_length)
     assert ids[0, -1] == translator.src_tokenizer.end_id
     full = translator.src_tokenizer.tokenize(tf.constant([long_text])).to_list()[0]
-    np.testing.assert_array_equal(ids[0, :-1], full[: translator.source_max_length - 1])
+    np.testing.assert_array_equal(ids[0, :-1], full[: translator.source_sequence_length - 1])
     assert translator([long_text]).shape == (1,)
 
 
@@ -294,12 +294,12 @@ def test_n_best_and_token_id_signatures(exported):
     by_ids = loaded.signatures["translate_ids"](source_ids=source_ids)
     texts = translator.tgt_tokenizer.detokenize(by_ids["target_ids"]).numpy().tolist()
     assert texts == default["translation"].numpy().tolist()
-    # An over-long id row is cut to max_length - 1 ids + end, like text input.
+    # An over-long id row is cut to sequence_length - 1 ids + end, like text input.
     long_ids = tf.concat([source_ids[:1, :-1]] * 10 + [source_ids[:1, -1:]], axis=1)
     long_text = " ".join([INPUTS[0]] * 10)
     got = loaded.signatures["translate_ids"](source_ids=long_ids)["target_ids"]
     want = translator.translate_ids(translator.encode_source(tf.constant([long_text])))[0][:, 0]
-    assert long_ids.shape[1] > translator.source_max_length
+    assert long_ids.shape[1] > translator.source_sequence_length
     np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
@@ -412,7 +412,7 @@ def test_the_unknown_id_is_kept_out_of_translations_unless_allowed(exported):
     src, tgt = translators["greedy"].src_tokenizer, translators["greedy"].tgt_tokenizer
     keras.utils.set_random_seed(3)
     model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32,
-                              num_heads=4, dff=64, dropout_rate=0.0, max_length=12)
+                              num_heads=4, dff=64, dropout_rate=0.0, sequence_length=12)
     kernel, bias = model.get_layer("logits").get_weights()
     bias[tgt.unk_id] += 50.0
     model.get_layer("logits").set_weights([kernel, bias])

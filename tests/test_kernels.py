@@ -224,7 +224,7 @@ def small_model(dropout_rate, vocab=40, dtype=None):
     keras.utils.set_random_seed(0)
     return build_transformer(
         vocab, vocab, num_layers=1, d_model=16, num_heads=2, dff=32,
-        dropout_rate=dropout_rate, max_length=9, dtype=dtype,
+        dropout_rate=dropout_rate, sequence_length=9, dtype=dtype,
     )
 
 

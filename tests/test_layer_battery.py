@@ -25,7 +25,7 @@ ALL = {"eager", "symbolic", "config", "keras_file", "fit", "mixed_float16", "mix
 
 def test_positional_embedding():
     shape, checks = run_layer_test(
-        lambda **kw: PositionalEmbedding(vocab_size=30, d_model=8, max_length=6, **kw), [IDS], expect_mask=IDS != 0
+        lambda **kw: PositionalEmbedding(vocab_size=30, d_model=8, sequence_length=6, **kw), [IDS], expect_mask=IDS != 0
     )
     assert shape == (2, 5, 8) and checks == ALL | {"mask"}
 

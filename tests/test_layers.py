@@ -88,7 +88,7 @@ def test_causal_mask_shape_and_values():
 
 
 def test_c09_positional_encoding_numpy_reference():
-    """C09: table rows = max_length; PE[pos, 2i] = sin, PE[pos, 2i+1] = cos."""
+    """C09: table rows = sequence_length; PE[pos, 2i] = sin, PE[pos, 2i+1] = cos."""
     pe = sinusoidal_encoding(8, 16)
     assert pe.shape == (8, 16)
     np.testing.assert_allclose(pe[0], [0, 1] * 8, atol=1e-7)
@@ -100,15 +100,15 @@ def test_c09_positional_encoding_numpy_reference():
 
 
 def test_c09_positional_embedding_scales_and_limits_length():
-    """C09: embedding * sqrt(d_model) + PE; length 9 > max_length 8 raises."""
-    layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
+    """C09: embedding * sqrt(d_model) + PE; length 9 > sequence_length 8 raises."""
+    layer = PositionalEmbedding(vocab_size=100, d_model=16, sequence_length=8)
     ids = np.array([[5, 6, 7, 8, 9, 10, 11, 12]], "int32")
     out = to_numpy(layer(ids))
     table = to_numpy(layer.embeddings)
     want = table[ids[0]] * 4.0 + sinusoidal_encoding(8, 16)
     np.testing.assert_allclose(out[0], want, atol=1e-5)
     assert tuple(layer.position_encoding.shape) == (8, 16)
-    with pytest.raises(ValueError, match="max_length=8"):
+    with pytest.raises(ValueError, match="sequence_length=8"):
         layer(np.ones((1, 9), "int32"))
     # start_index embeds a later position (cached decoding).
     step = to_numpy(layer(ids[:, 3:4], start_index=3))
@@ -136,7 +136,7 @@ def test_embedding_gradient_is_the_dense_sum_over_repeated_ids():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
     # Through the layer, to its variable: a dense tensor on every backend.
-    layer = PositionalEmbedding(vocab_size=6, d_model=4, max_length=3)
+    layer = PositionalEmbedding(vocab_size=6, d_model=4, sequence_length=3)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -149,14 +149,14 @@ def test_embedding_gradient_is_the_dense_sum_over_repeated_ids():
 
 
 def test_positional_embedding_mask():
-    layer = PositionalEmbedding(vocab_size=50, d_model=8, max_length=8)
+    layer = PositionalEmbedding(vocab_size=50, d_model=8, sequence_length=8)
     mask = to_numpy(layer.compute_mask(np.array([[12, 34, 0, 0]])))
     np.testing.assert_array_equal(mask, [[True, True, False, False]])
 
 
 def _encoder_stack():
     inputs = keras.Input((None,), dtype="int32")
-    embedded = PositionalEmbedding(vocab_size=50, d_model=16, max_length=8)
+    embedded = PositionalEmbedding(vocab_size=50, d_model=16, sequence_length=8)
     first = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
     second = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)
     x = embedded(inputs)
@@ -227,7 +227,7 @@ def test_c01_cross_attention_masks_source_padding_with_other_lengths():
 def test_c03_causal_mask_polarity_no_future_leak():
     """C03: scores[i, j] = 0 for j > i; changing token 3 leaves 0-2 unchanged."""
     rng = np.random.default_rng(5)
-    embedding = PositionalEmbedding(vocab_size=50, d_model=16, max_length=8)
+    embedding = PositionalEmbedding(vocab_size=50, d_model=16, sequence_length=8)
     decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0)
     source = rng.normal(size=(1, 3, 16)).astype("float32")
     a = embedding(np.array([[START, 7, 8, 9]]))
@@ -262,7 +262,7 @@ def test_decoder_call_cached_equals_call(norm_first):
 @pytest.mark.parametrize(
     "layer",
     [
-        lambda: PositionalEmbedding(vocab_size=30, d_model=8, max_length=6, pad_id=1),
+        lambda: PositionalEmbedding(vocab_size=30, d_model=8, sequence_length=6, pad_id=1),
         lambda: MultiHeadAttention(num_heads=2, key_dim=3, dropout_rate=0.1),
         lambda: TransformerEncoder(num_heads=2, dff=12, norm_first=True),
         lambda: TransformerDecoder(num_heads=4, dff=20, dropout_rate=0.2),
@@ -405,7 +405,7 @@ def test_c07_mixed_float16_masking_is_finite_and_close_to_float32():
         np.testing.assert_allclose(to_numpy(enc).astype("float32"), to_numpy(ref_enc), atol=1e-2)
         np.testing.assert_allclose(to_numpy(enc_w), to_numpy(ref_enc_w), atol=1e-2)
         np.testing.assert_allclose(to_numpy(dec).astype("float32"), to_numpy(ref_dec), atol=1e-2)
-        model = build_transformer(10, 10, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+        model = build_transformer(10, 10, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=8)
         model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy())
         history = model.fit(ids, labels, epochs=1, verbose=0)
         assert np.isfinite(history.history["loss"][0])
@@ -419,10 +419,10 @@ def test_too_long_input_in_a_graph_is_a_clear_error():
         pytest.skip("shapes are static on jax and torch: the eager check covers them")
     import tensorflow as tf
 
-    layer = PositionalEmbedding(vocab_size=20, d_model=8, max_length=4)
+    layer = PositionalEmbedding(vocab_size=20, d_model=8, sequence_length=4)
     embed = tf.function(layer, input_signature=[tf.TensorSpec([None, None], tf.int32)])
     assert tuple(embed(tf.ones((1, 4), tf.int32)).shape) == (1, 4, 8)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=4"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sequence_length=4"):
         embed(tf.ones((1, 5), tf.int32))
 
 
@@ -578,7 +578,7 @@ def test_fast_path_is_off_under_xla():
     from keras_transformer import build_transformer, fast_path
     from keras_transformer.fast_path.unpadding import dynamic_shapes_allowed
 
-    model = build_transformer(20, 20, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    model = build_transformer(20, 20, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=8)
     assert "XLA" in fast_path.applies(model, jit_compile=True)
     assert fast_path.applies(model) is None
     encoder = TransformerEncoder(num_heads=2, dff=32, dropout_rate=0.0)

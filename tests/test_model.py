@@ -22,7 +22,7 @@ START, END, PAD = 2, 3, 0
 
 def small_model(**kwargs):
     keras.utils.set_random_seed(0)
-    config = dict(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, max_length=12)
+    config = dict(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, sequence_length=12)
     config.update(kwargs)
     return build_transformer(30, 40, **config)
 
@@ -228,7 +228,7 @@ def test_c03_random_targets_stay_near_chance():
 
 
 def test_presets_and_bad_arguments():
-    model = build_from_preset("tiny", 50, 60, max_length=16)
+    model = build_from_preset("tiny", 50, 60, sequence_length=16)
     assert model.get_layer("decoder_layer_1").num_heads == 4
     with pytest.raises(ValueError, match="Unknown preset"):
         build_from_preset("huge", 50, 60)
@@ -242,7 +242,7 @@ def test_presets_and_bad_arguments():
 def test_encoder_and_decoder_batch_sizes_must_match(training):
     """A decoder batch of 1 against an encoder batch of 2 was broadcast on
     tensorflow in training: output (1, 5, V), no error."""
-    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=8)
     inputs = {"encoder_inputs": np.ones((2, 5), "int32"), "decoder_inputs": np.ones((1, 5), "int32")}
     with pytest.raises(ValueError, match="same batch size"):
         model(inputs, training=training)
@@ -254,7 +254,7 @@ def test_batch_mismatch_known_only_at_run_time_is_an_error_in_fit():
         pytest.skip("tensorflow graphs only; other backends trace with static shapes")
     import tensorflow as tf
 
-    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    model = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=8)
     model.compile(optimizer="sgd", loss=MaskedSparseCategoricalCrossentropy())
     spec = tf.TensorSpec((None, None), tf.int32)
     batch = ({"encoder_inputs": np.ones((2, 5), "int32"), "decoder_inputs": np.ones((1, 5), "int32")},
@@ -265,3 +265,32 @@ def test_batch_mismatch_known_only_at_run_time_is_an_error_in_fit():
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match="same batch size"):
         model.fit(dataset, verbose=0)
+
+
+def test_max_length_is_the_deprecated_name_of_sequence_length():
+    """`sequence_length` (the position tables' rows) was `max_length`: the
+    old name still works with a DeprecationWarning, models saved under it
+    load silently, and both names at once are an error."""
+    from keras_transformer import PositionalEmbedding
+    from keras_transformer.config import TrainingConfig
+
+    with pytest.warns(DeprecationWarning, match="sequence_length"):
+        old = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, max_length=8)
+    new = build_transformer(50, 50, num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=8)
+    for model in (old, new):
+        assert model.get_layer("encoder_embedding").get_config()["sequence_length"] == 8
+        assert model.get_layer("decoder_embedding").sequence_length == 8
+    with pytest.raises(TypeError, match="both"):
+        build_transformer(50, 50, sequence_length=8, max_length=8)
+    with pytest.warns(DeprecationWarning):
+        assert PositionalEmbedding(10, 4, max_length=5).sequence_length == 5
+    config = PositionalEmbedding(10, 4, sequence_length=5).get_config()
+    config["max_length"] = config.pop("sequence_length")  # as an earlier version saved it
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert PositionalEmbedding.from_config(config).sequence_length == 5
+    with pytest.warns(DeprecationWarning):
+        assert TrainingConfig("a", "b", max_length=32).sequence_length == 32
+    assert TrainingConfig("a", "b").sequence_length == 64

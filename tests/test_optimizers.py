@@ -132,7 +132,7 @@ def test_one_adam_step_on_repeated_tokens_uses_their_summed_gradient(optimizer_c
 
     ids = np.array([[1, 4, 1], [1, 5, 4]], "int32")  # no padding (id 0)
     inputs = keras.Input((3,), dtype="int32")
-    layer = PositionalEmbedding(vocab_size=6, d_model=4, max_length=3)
+    layer = PositionalEmbedding(vocab_size=6, d_model=4, sequence_length=3)
     model = keras.Model(inputs, layer(inputs))
     model.compile(optimizer_class(0.1), loss="mse")
     table = keras.ops.convert_to_numpy(layer.embeddings).astype(np.float64)
@@ -163,7 +163,7 @@ def test_accumulated_batches_equal_one_large_batch_with_the_schedule():
     for name, batch_size, accumulate in (("large", 12, None), ("accumulated", 4, 3)):
         keras.utils.set_random_seed(1)
         model = kt.build_transformer(30, 30, num_layers=1, d_model=16, num_heads=2, dff=32,
-                                     dropout_rate=0.0, max_length=8)
+                                     dropout_rate=0.0, sequence_length=8)
         # scale=0.03: rates near 1e-3, where float32 rounding stays below 1e-5.
         schedule = kt.WarmupSchedule(d_model=16, warmup_steps=4, scale=0.03)
         model.compile(kt.Adam(schedule, gradient_accumulation_steps=accumulate),

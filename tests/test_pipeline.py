@@ -45,7 +45,7 @@ def collect(ds):
 
 def test_element_spec_shapes_and_dtypes(corpus, tokenizers):
     en, de = corpus
-    ds = make_dataset(en, de, *tokenizers, batch_size=32, max_length=10)
+    ds = make_dataset(en, de, *tokenizers, batch_size=32, sequence_length=10)
     spec_inputs, spec_labels = ds.element_spec
     assert set(spec_inputs) == {"encoder_inputs", "decoder_inputs"}
     for spec in (*spec_inputs.values(), spec_labels):
@@ -63,7 +63,7 @@ def test_element_spec_shapes_and_dtypes(corpus, tokenizers):
 
 def test_teacher_forcing_invariants(corpus, tokenizers):
     en, de = corpus
-    ds = make_dataset(en, de, *tokenizers, batch_size=64, max_length=8)
+    ds = make_dataset(en, de, *tokenizers, batch_size=64, sequence_length=8)
     truncated = 0
     for enc, dec, lab in collect(ds):
         assert (dec[:, 0] == START_ID).all()
@@ -77,14 +77,14 @@ def test_teacher_forcing_invariants(corpus, tokenizers):
         assert (lab[np.arange(len(lab)), lab_len - 1] == END_ID).all()
         assert ((dec != PAD_ID).sum(axis=1) == lab_len).all()
         truncated += int((lab_len == 8).sum())
-    assert truncated > 0  # max_length=8 truncates some targets
+    assert truncated > 0  # sequence_length=8 truncates some targets
 
 
 def test_labels_detokenize_to_the_raw_targets(corpus, tokenizers):
     en, de = corpus
     _, de_tok = tokenizers
     ds = make_dataset(
-        en[:50], de[:50], *tokenizers, max_length=64, shuffle=False
+        en[:50], de[:50], *tokenizers, sequence_length=64, shuffle=False
     )
     decoded = []
     for _, labels in ds:
@@ -96,7 +96,7 @@ def test_labels_detokenize_to_the_raw_targets(corpus, tokenizers):
 
 def test_shuffle_is_seeded(corpus, tokenizers):
     en, de = corpus
-    kwargs = dict(batch_size=16, max_length=12, seed=7)
+    kwargs = dict(batch_size=16, sequence_length=12, seed=7)
     first = collect(make_dataset(en, de, *tokenizers, **kwargs))
     second = collect(make_dataset(en, de, *tokenizers, **kwargs))
     assert all(
@@ -116,16 +116,16 @@ def test_autotune_is_off_and_epochs_repeat_the_same_batches_count(corpus, tokeni
     """tf.data's autotuner is off (it stalled `fit` for seconds at epoch
     boundaries, see `make_dataset`); each epoch still yields every example."""
     en, de = corpus
-    ds = make_dataset(en, de, *tokenizers, batch_size=16, max_length=12, seed=7)
+    ds = make_dataset(en, de, *tokenizers, batch_size=16, sequence_length=12, seed=7)
     assert ds.options().autotune.enabled is False
     counts = [sum(int(x["encoder_inputs"].shape[0]) for x, _ in ds) for _ in range(2)]
-    assert counts[0] == counts[1] == len(collect(make_dataset(en, de, *tokenizers, batch_size=1, max_length=12, shuffle=False)))
+    assert counts[0] == counts[1] == len(collect(make_dataset(en, de, *tokenizers, batch_size=1, sequence_length=12, shuffle=False)))
 
 
 def test_tokens_per_batch_bucketing(corpus, tokenizers):
     en, de = corpus
     ds = make_dataset(
-        en, de, *tokenizers, max_length=16, tokens_per_batch=128, seed=0
+        en, de, *tokenizers, sequence_length=16, tokens_per_batch=128, seed=0
     )
     batches = collect(ds)
     assert sum(len(b[0]) for b in batches) == 600
@@ -145,7 +145,7 @@ def test_pad_to_bucket_boundary_gives_few_shapes(corpus, tokenizers):
         de,
         *tokenizers,
         batch_size=32,
-        max_length=16,
+        sequence_length=16,
         bucket_boundaries=[9, 13, 17],
         pad_to_bucket_boundary=True,
         seed=0,
@@ -204,26 +204,26 @@ def test_misaligned_inputs_raise(tmp_path, tokenizers):
         read_parallel(a, b)
     with pytest.raises(ValueError, match="2 source and 1 target"):
         make_dataset(["x", "y"], ["z"], *tokenizers)
-    with pytest.raises(ValueError, match="max_length"):
-        make_dataset(["x"], ["y"], *tokenizers, max_length=1)
+    with pytest.raises(ValueError, match="sequence_length"):
+        make_dataset(["x"], ["y"], *tokenizers, sequence_length=1)
     with pytest.raises(ValueError, match="tokens_per_batch"):
         make_dataset(
-            ["x"], ["y"], *tokenizers, max_length=64, tokens_per_batch=32
+            ["x"], ["y"], *tokenizers, sequence_length=64, tokens_per_batch=32
         )
     with pytest.raises(ValueError, match="bucket_boundaries"):
         make_dataset(["x"], ["y"], *tokenizers, bucket_boundaries=[9, 5])
     # A float budget failed with a TypeError inside tf.data.
     with pytest.raises(ValueError, match="`tokens_per_batch` must be an int"):
-        make_dataset(["x"], ["y"], *tokenizers, max_length=16, tokens_per_batch=100.5)
+        make_dataset(["x"], ["y"], *tokenizers, sequence_length=16, tokens_per_batch=100.5)
 
 
 def test_numpy_ints_are_accepted_as_sizes(tokenizers):
-    """`max_length=np.int64(16)` was refused as "must be an int"; it gives
-    the batches of `max_length=16`."""
+    """`sequence_length=np.int64(16)` was refused as "must be an int"; it gives
+    the batches of `sequence_length=16`."""
     sources, targets = ["a b c", "d e", "f"], ["g h", "i j k", "l"]
     for numpy_size in (False, True):
         size = (lambda n: np.int64(n)) if numpy_size else int
-        batches = list(make_dataset(sources, targets, *tokenizers, max_length=size(16),
+        batches = list(make_dataset(sources, targets, *tokenizers, sequence_length=size(16),
                                     tokens_per_batch=size(64), shuffle=False))
         if not numpy_size:
             want = batches
@@ -241,7 +241,7 @@ def test_bucketing_keeps_padding_low_on_multi30k():
     en_tok = train_subword_tokenizer(en, vocab_size=1000)
     de_tok = train_subword_tokenizer(de, vocab_size=1000)
     bucketed = make_dataset(
-        en, de, en_tok, de_tok, max_length=64, tokens_per_batch=1024, seed=0
+        en, de, en_tok, de_tok, sequence_length=64, tokens_per_batch=1024, seed=0
     )
     plain = make_dataset(en, de, en_tok, de_tok, batch_size=32, seed=0)
     bucketed_share = padding_share(bucketed)
@@ -282,11 +282,11 @@ def test_fit_makes_one_optimizer_step_per_batch():
     english, german = make_synthetic_corpus(300, seed=7)
     src = kt.train_subword_tokenizer(english, 100)
     tgt = kt.train_subword_tokenizer(german, 100)
-    ds = kt.make_dataset(english, german, src, tgt, max_length=24, tokens_per_batch=512, seed=1)
+    ds = kt.make_dataset(english, german, src, tgt, sequence_length=24, tokens_per_batch=512, seed=1)
     batches = sum(1 for _ in ds)
     assert int(ds.cardinality()) == batches == sum(1 for _ in ds)  # the same after a reshuffle
     model = kt.build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=16,
-                                 num_heads=2, dff=32, max_length=24)
+                                 num_heads=2, dff=32, sequence_length=24)
     model.compile(kt.Adam(1e-3), kt.MaskedSparseCategoricalCrossentropy())
     seen = []
     model.fit(ds, epochs=2, verbose=0, callbacks=[keras.callbacks.LambdaCallback(

@@ -86,7 +86,7 @@ def test_environment_variable_replaces_auto(monkeypatch):
 def _tiny(dtype=None):
     return build_transformer(
         40, 48, num_layers=1, d_model=32, num_heads=2, dff=64, dropout_rate=0.0,
-        max_length=16, dtype=dtype,
+        sequence_length=16, dtype=dtype,
     )
 
 
@@ -127,7 +127,7 @@ def test_translator_decodes_a_mixed_precision_model_in_float32():
     def build(dtype=None):
         return build_transformer(
             src_tok.vocab_size, tgt_tok.vocab_size, num_layers=1, d_model=32, num_heads=2,
-            dff=64, dropout_rate=0.0, max_length=12, dtype=dtype,
+            dff=64, dropout_rate=0.0, sequence_length=12, dtype=dtype,
         )
 
     keras.utils.set_random_seed(3)
@@ -159,7 +159,7 @@ def test_train_records_and_uses_the_precision(tmp_path):
     config = dict(
         train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
         val_src=str(data / "val.en"), val_tgt=str(data / "val.de"), output_dir=str(run),
-        preset="tiny", num_layers=1, max_length=24, src_vocab_size=120, tgt_vocab_size=140,
+        preset="tiny", num_layers=1, sequence_length=24, src_vocab_size=120, tgt_vocab_size=140,
         tokens_per_batch=1024, warmup_steps=20, epochs=1,
     )
     with pytest.raises(ValueError, match="`precision` must be one of"):

@@ -32,7 +32,7 @@ def translators():
     src, tgt = train_subword_tokenizer(english, 120), train_subword_tokenizer(german, 120)
     keras.utils.set_random_seed(8)
     model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=16, num_heads=2,
-                              dff=32, dropout_rate=0.0, max_length=16)
+                              dff=32, dropout_rate=0.0, sequence_length=16)
     return src, {beam: Translator(model, src, tgt, beam_size=beam) for beam in (1, 3)}
 
 

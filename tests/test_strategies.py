@@ -19,7 +19,7 @@ SOURCES = np.array([[5, 6, 7, END, PAD, PAD], [8, 9, 10, 11, 12, END]], "int32")
 def parts():
     keras.utils.set_random_seed(1)
     model = build_transformer(30, 25, num_layers=1, d_model=16, num_heads=2, dff=32,
-                              dropout_rate=0.0, max_length=10)
+                              dropout_rate=0.0, sequence_length=10)
     return TransformerParts(model)
 
 
@@ -70,7 +70,7 @@ def test_translator_takes_a_strategy():
     src, tgt = train_subword_tokenizer(en, 120), train_subword_tokenizer(de, 120)
     keras.utils.set_random_seed(0)
     model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=16, num_heads=2,
-                              dff=32, max_length=12)
+                              dff=32, sequence_length=12)
     text = tf.constant(en[:3])
     by_settings = Translator(model, src, tgt, beam_size=3, length_penalty=1.0)
     by_object = Translator(model, src, tgt, search=strategies.BeamSearch(3, 1.0))

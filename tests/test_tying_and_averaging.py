@@ -17,7 +17,7 @@ from keras_transformer.decoding import TransformerParts
 from keras_transformer.layers import FeedForward
 from keras_transformer.models import embedding_layers
 
-SIZES = dict(num_layers=1, d_model=16, num_heads=2, dff=32, max_length=12)
+SIZES = dict(num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=12)
 INPUTS = {"encoder_inputs": np.array([[5, 6, 7, 0], [8, 9, 0, 0]], "int32"),
           "decoder_inputs": np.array([[2, 7, 9], [2, 4, 0]], "int32")}
 
@@ -185,7 +185,7 @@ def test_train_with_tying_shared_vocab_bleu_early_stopping_and_averaging(tmp_pat
     run = str(tmp_path / "run")
     args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
             "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
-            "--output-dir", run, "--preset", "tiny", "--num-layers", "1", "--max-length", "24",
+            "--output-dir", run, "--preset", "tiny", "--num-layers", "1", "--sequence-length", "24",
             "--src-vocab-size", "200", "--tgt-vocab-size", "200", "--tokens-per-batch", "1024",
             "--warmup-steps", "10", "--epochs", "3", "--shared-vocab", "--tie-embeddings", "all",
             "--activation-dropout-rate", "0.1", "--attention-dropout-rate", "0.05",

@@ -10,10 +10,10 @@ Element spec of the returned dataset (batch size and lengths dynamic):
       "decoder_inputs": tf.TensorSpec((None, None), tf.int32)},  # (B, T)
      tf.TensorSpec((None, None), tf.int32))                      # labels (B, T)
 
-Length semantics: `max_length` is the model's maximum sequence length.
-`S <= max_length` (the source end id included) and `T <= max_length`
+Length semantics: `sequence_length` is the model's maximum sequence length.
+`S <= sequence_length` (the source end id included) and `T <= sequence_length`
 (decoder inputs start with the start id, labels end with the end id; the
-packed target is `max_length + 1` long before the teacher-forcing shift).
+packed target is `sequence_length + 1` long before the teacher-forcing shift).
 Each batch is padded with the pad id to its longest sequence (or to its
 bucket's upper length with `pad_to_bucket_boundary=True`).
 """
@@ -27,6 +27,7 @@ from keras_transformer.data.packing import pack_source_ragged
 from keras_transformer.data.packing import pack_target_ragged
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.data.text_files import read_parallel
+from keras_transformer.deprecation import renamed_argument
 
 _TOKENIZE_CHUNK = 1024
 
@@ -35,19 +36,19 @@ _TOKENIZE_CHUNK = 1024
 _PREFETCH_BATCHES = 2
 
 
-def auto_bucket_boundaries(max_length):
+def auto_bucket_boundaries(sequence_length):
     """Bucket boundaries used by `make_dataset(bucket_boundaries="auto")`.
 
     Bucket upper lengths are 8, 12, 16, ... (steps of 4, growing to a
     quarter of the length in multiples of 4 for long sequences) and end with
-    `max_length`; boundaries follow `tf.data`'s convention (a bucket holds
+    `sequence_length`; boundaries follow `tf.data`'s convention (a bucket holds
     lengths `< boundary`), so they are the upper lengths plus one.
 
     Args:
-        max_length: int. The model's maximum sequence length.
+        sequence_length: int. The model's maximum sequence length.
 
     Returns:
-        list of int, strictly increasing, the last one `max_length + 1`.
+        list of int, strictly increasing, the last one `sequence_length + 1`.
 
     Example:
 
@@ -57,10 +58,10 @@ def auto_bucket_boundaries(max_length):
     """
     uppers = []
     upper = 8
-    while upper < max_length:
+    while upper < sequence_length:
         uppers.append(upper)
         upper += max(4, (upper // 4) // 4 * 4)
-    uppers.append(max_length)
+    uppers.append(sequence_length)
     return [u + 1 for u in uppers]
 
 
@@ -96,30 +97,30 @@ def _read_pairs(src, tgt):
     return src_lines, tgt_lines
 
 
-def check_batching(max_length, tokens_per_batch, batch_size):
+def check_batching(sequence_length, tokens_per_batch, batch_size):
     """The checks `make_dataset` makes of its batching arguments, callable
     before any data is read.
 
     Raises:
-        ValueError: for `max_length` not an int >= 2, `tokens_per_batch`
-            below `max_length`, or (without `tokens_per_batch`) `batch_size`
+        ValueError: for `sequence_length` not an int >= 2, `tokens_per_batch`
+            below `sequence_length`, or (without `tokens_per_batch`) `batch_size`
             not a positive int.
     """
     def is_int(value):
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
-    if not is_int(max_length) or max_length < 2:
+    if not is_int(sequence_length) or sequence_length < 2:
         raise ValueError(
-            f"`max_length` must be an int >= 2. Received: {max_length!r}."
+            f"`sequence_length` must be an int >= 2. Received: {sequence_length!r}."
         )
     if tokens_per_batch is not None and not is_int(tokens_per_batch):
         raise ValueError(
             f"`tokens_per_batch` must be an int. Received: {tokens_per_batch!r}."
         )
-    if tokens_per_batch is not None and tokens_per_batch < max_length:
+    if tokens_per_batch is not None and tokens_per_batch < sequence_length:
         raise ValueError(
             f"`tokens_per_batch` ({tokens_per_batch}) must be at least "
-            f"`max_length` ({max_length}) so every bucket holds one example."
+            f"`sequence_length` ({sequence_length}) so every bucket holds one example."
         )
     if tokens_per_batch is None and (not is_int(batch_size) or batch_size < 1):
         raise ValueError(
@@ -134,7 +135,7 @@ def make_dataset(
     tgt_tokenizer,
     *,
     batch_size=64,
-    max_length=64,
+    sequence_length=None,
     shuffle=True,
     seed=None,
     bucket_boundaries=None,
@@ -144,11 +145,12 @@ def make_dataset(
     repeat=False,
     cache=True,
     batch_multiple=1,
+    max_length=None,
 ):
     """Builds a batched translation dataset for `model.fit`.
 
-    Sources are packed as `t[:max_length - 1] + [end]`; targets as
-    `[start] + t[:max_length] + [end]` and shifted into `decoder_inputs`
+    Sources are packed as `t[:sequence_length - 1] + [end]`; targets as
+    `[start] + t[:sequence_length] + [end]` and shifted into `decoder_inputs`
     (without the end id) and `labels` (without the start id), so the end id
     survives truncation and `labels[:, i] == decoder_inputs[:, i + 1]`.
     Pairs where either side is empty or whitespace only (or tokenizes to
@@ -171,8 +173,9 @@ def make_dataset(
         tgt_tokenizer: same for the target; `start_id` is used as well.
         batch_size: int. Examples per batch when `tokens_per_batch` is
             `None`. Defaults to 64.
-        max_length: int >= 2. The model's maximum sequence length; sources,
-            decoder inputs and labels are at most this long. Defaults to 64.
+        sequence_length: int >= 2. The model's maximum sequence length; sources,
+            decoder inputs and labels are at most this long (KerasHub's name;
+            `max_length` is its deprecated old name). Defaults to 64.
         shuffle: bool. Shuffle examples (before batching). Defaults to
             `True`.
         seed: optional int for a reproducible shuffle order.
@@ -180,14 +183,14 @@ def make_dataset(
             `"auto"` (see `auto_bucket_boundaries`) or a strictly increasing
             list of ints in `tf.data` convention (a bucket holds lengths
             `< boundary`).
-        tokens_per_batch: optional int >= `max_length`. Token budget per
+        tokens_per_batch: optional int >= `sequence_length`. Token budget per
             batch (per side); implies `bucket_boundaries="auto"` when
             `bucket_boundaries` is `None`.
         pad_to_bucket_boundary: bool. Pad each batch to its bucket's upper
             length instead of its longest sequence: fewer distinct shapes
             (fewer XLA/JAX recompilations) at the cost of more padding.
             Needs bucketing; lengths above the last boundary are not
-            allowed, so `"auto"` ends at `max_length + 1`.
+            allowed, so `"auto"` ends at `sequence_length + 1`.
         shuffle_buffer_size: optional int. Defaults to the dataset size
             (a full shuffle).
         repeat: bool. Repeat forever (before batching). Defaults to `False`.
@@ -200,10 +203,10 @@ def make_dataset(
     Returns:
         `tf.data.Dataset` with element spec
         `({"encoder_inputs": int32 (B, S), "decoder_inputs": int32 (B, T)},
-        labels int32 (B, T))`, `S, T <= max_length`.
+        labels int32 (B, T))`, `S, T <= sequence_length`.
 
     Raises:
-        ValueError: on misaligned inputs, bad `max_length`,
+        ValueError: on misaligned inputs, bad `sequence_length`,
             `tokens_per_batch` or `bucket_boundaries`.
 
     Example:
@@ -211,7 +214,7 @@ def make_dataset(
     ```python
     ds = make_dataset(
         "train.en.gz", "train.de.gz", en_tokenizer, de_tokenizer,
-        max_length=64, tokens_per_batch=4096, seed=0,
+        sequence_length=64, tokens_per_batch=4096, seed=0,
     )
     model.fit(ds, epochs=10)
     ```
@@ -220,9 +223,11 @@ def make_dataset(
         - [Vaswani et al., 2017. Attention Is All You Need, Section 5.1](
           https://arxiv.org/abs/1706.03762)
     """
-    check_batching(max_length, tokens_per_batch, batch_size)
+    sequence_length = renamed_argument(
+        "make_dataset", "sequence_length", sequence_length, "max_length", max_length, 64)
+    check_batching(sequence_length, tokens_per_batch, batch_size)
     # NumPy ints are accepted; the rest of the pipeline gets python ints.
-    max_length = int(max_length)
+    sequence_length = int(sequence_length)
     tokens_per_batch = None if tokens_per_batch is None else int(tokens_per_batch)
     if tokens_per_batch is None:
         batch_size = int(batch_size)
@@ -234,7 +239,7 @@ def make_dataset(
                 "`bucket_boundaries` must be None, 'auto' or a list of ints. "
                 f"Received: {bucket_boundaries!r}."
             )
-        bucket_boundaries = auto_bucket_boundaries(max_length)
+        bucket_boundaries = auto_bucket_boundaries(sequence_length)
     elif bucket_boundaries is not None:
         bucket_boundaries = [int(b) for b in bucket_boundaries]
         if (
@@ -253,10 +258,10 @@ def make_dataset(
             "`pad_to_bucket_boundary=True` needs `bucket_boundaries` "
             "(or `tokens_per_batch`)."
         )
-    if pad_to_bucket_boundary and bucket_boundaries[-1] <= max_length:
+    if pad_to_bucket_boundary and bucket_boundaries[-1] <= sequence_length:
         raise ValueError(
             "With `pad_to_bucket_boundary=True` the last boundary must be "
-            f"greater than max_length={max_length} so every example fits a "
+            f"greater than sequence_length={sequence_length} so every example fits a "
             f"bucket. Received: {bucket_boundaries}."
         )
 
@@ -273,11 +278,11 @@ def make_dataset(
     def tokenize_and_pack(src_batch, tgt_batch):
         # Batched: ragged ops on a chunk are much faster than per example.
         encoder_inputs = pack_source_ragged(
-            src_tokenizer.tokenize(src_batch), max_length, end_id=src_end
+            src_tokenizer.tokenize(src_batch), sequence_length, end_id=src_end
         )
         decoder_inputs, labels = pack_target_ragged(
             tgt_tokenizer.tokenize(tgt_batch),
-            max_length + 1,
+            sequence_length + 1,
             start_id=tgt_start,
             end_id=tgt_end,
         )
@@ -323,7 +328,7 @@ def make_dataset(
     def batched(ds):
         if bucket_boundaries is None:
             return ds.padded_batch(batch_size, padding_values=padding_values)
-        uppers = [b - 1 for b in bucket_boundaries] + [max_length]
+        uppers = [b - 1 for b in bucket_boundaries] + [sequence_length]
         if tokens_per_batch is None:
             batch_sizes = [batch_size] * len(uppers)
         else:

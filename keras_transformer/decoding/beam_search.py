@@ -108,7 +108,8 @@ def beam_search(
         raise ValueError(f"`beam_size`={beam_size} exceeds the vocabulary size {vocab}.")
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     blocked = (pad_id, start_id, *suppressed_ids)
-    length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
+    length = (parts.target_sequence_length if max_length is None
+              else min(int(max_length), parts.target_sequence_length))
     k = beam_size
     # With growing caches (shapes may change from step to step), sentences
     # whose `n_best` are final leave the batch: later steps run on the others

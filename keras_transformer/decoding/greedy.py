@@ -39,7 +39,7 @@ def greedy_search(
         end_id: int, stops a sentence.
         pad_id: int, fills positions after `end_id`.
         max_length: int, most output tokens; default and upper bound: the
-            model's `max_length`.
+            decoder's `sequence_length`.
         length_ratio: optional float, see `decode_limits`.
         length_offset: int, see `decode_limits`.
         return_attention: bool, also return the last decoder layer's
@@ -56,7 +56,8 @@ def greedy_search(
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     blocked = (pad_id, start_id, *suppressed_ids)
-    length = parts.max_length if max_length is None else min(int(max_length), parts.max_length)
+    length = (parts.target_sequence_length if max_length is None
+              else min(int(max_length), parts.target_sequence_length))
     encoder_outputs, encoder_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
     limits = decode_limits(encoder_mask, length, length_ratio, length_offset)

@@ -40,8 +40,8 @@ class TransformerParts:
         self.model = model
         self.pad_id = pad_id
         self.growing_cache = bool(growing_cache)
-        self.max_length = self.decoder_embedding.max_length
-        self.source_max_length = self.encoder_embedding.max_length
+        self.target_sequence_length = self.decoder_embedding.sequence_length
+        self.source_sequence_length = self.encoder_embedding.sequence_length
         self.vocab_size = self.logits_layer.vocab_size
         first = self.decoder_layers[0]
         self.num_heads = first.num_heads

@@ -5,10 +5,11 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.output_projection import vocabulary_logits
 
 
-def sinusoidal_encoding(max_length, d_model):
+def sinusoidal_encoding(sequence_length, d_model):
     """The fixed positional encoding of section 3.5, as a NumPy array.
 
     `PE[pos, 2i] = sin(pos / 10000^(2i / d_model))` and
@@ -17,19 +18,19 @@ def sinusoidal_encoding(max_length, d_model):
     TF tutorial concatenates them instead, a different encoding).
 
     Args:
-        max_length: int, number of positions (rows).
+        sequence_length: int, number of positions (rows).
         d_model: int, model width (columns); may be odd.
 
     Returns:
-        float32 array, shape `(max_length, d_model)`.
+        float32 array, shape `(sequence_length, d_model)`.
 
     References:
         Vaswani et al. (2017), section 3.5.
     """
-    positions = np.arange(max_length, dtype=np.float64)[:, None]
+    positions = np.arange(sequence_length, dtype=np.float64)[:, None]
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
     angles = positions / np.power(10000.0, two_i / d_model)
-    encoding = np.zeros((max_length, d_model), dtype=np.float64)
+    encoding = np.zeros((sequence_length, d_model), dtype=np.float64)
     encoding[:, 0::2] = np.sin(angles)
     encoding[:, 1::2] = np.cos(angles[:, : d_model // 2])
     return encoding.astype("float32")
@@ -83,7 +84,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Section 3.4: "In the embedding layers, we multiply those weights by
     sqrt(d_model)". Section 3.5: the sum with fixed sine and cosine
-    position encodings. The encoding table has exactly `max_length` rows
+    position encodings. The encoding table has exactly `sequence_length` rows
     (not `vocab_size`) and is computed from the config, so it is not a
     weight and costs nothing in a checkpoint.
 
@@ -101,7 +102,9 @@ class PositionalEmbedding(keras.layers.Layer):
     Args:
         vocab_size: int, number of token ids.
         d_model: int, embedding width.
-        max_length: int, the longest sequence the layer accepts.
+        sequence_length: int, the longest sequence the layer accepts (the
+            rows of the position table; KerasHub's name). `max_length` is
+            its deprecated old name.
         pad_id: int or None, the padding id that the mask marks; `None`
             emits no mask.
         embeddings_initializer: initializer of the token table; default
@@ -111,7 +114,7 @@ class PositionalEmbedding(keras.layers.Layer):
 
     Call arguments:
         inputs: int tensor `(batch, length)` of token ids, `length <=
-            max_length`.
+            sequence_length`.
         start_index: int or scalar int tensor, position of `inputs[:, 0]`
             (cached decoding embeds one token at position `start_index`).
         check_ids: bool, check that the ids lie in `[0, vocab_size)`
@@ -128,13 +131,13 @@ class PositionalEmbedding(keras.layers.Layer):
         that carry no Keras mask.
 
     Raises:
-        ValueError: when `length + start_index` exceeds `max_length` (for a
+        ValueError: when `length + start_index` exceeds `sequence_length` (for a
             statically known length), for an id outside the vocabulary (see
             `check_id_range` for the errors in compiled code), or on a
             non-positive size.
 
     Example:
-    >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, max_length=8)
+    >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, sequence_length=8)
     >>> tuple(layer(np.array([[5, 6, 0]])).shape)
     (1, 3, 16)
 
@@ -146,16 +149,22 @@ class PositionalEmbedding(keras.layers.Layer):
         self,
         vocab_size,
         d_model,
-        max_length,
+        sequence_length=None,
         pad_id=0,
         embeddings_initializer=None,
+        max_length=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        sequence_length = renamed_argument(
+            "PositionalEmbedding", "sequence_length", sequence_length, "max_length", max_length)
+        if sequence_length is None:
+            raise TypeError("PositionalEmbedding needs `sequence_length`, the longest sequence "
+                            "it accepts (the rows of its position table).")
         for name, value in (
             ("vocab_size", vocab_size),
             ("d_model", d_model),
-            ("max_length", max_length),
+            ("sequence_length", sequence_length),
         ):
             if int(value) <= 0:
                 raise ValueError(
@@ -163,7 +172,7 @@ class PositionalEmbedding(keras.layers.Layer):
                 )
         self.vocab_size = int(vocab_size)
         self.d_model = int(d_model)
-        self.max_length = int(max_length)
+        self.sequence_length = int(sequence_length)
         self.pad_id = None if pad_id is None else int(pad_id)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(
@@ -185,12 +194,17 @@ class PositionalEmbedding(keras.layers.Layer):
         self.token_embedding.build((None, None))
         # A NumPy constant, turned into a tensor at each call: a tensor made
         # here would leak out of a tf.function that happens to build the layer.
-        self._position_table = sinusoidal_encoding(self.max_length, self.d_model)
+        self._position_table = sinusoidal_encoding(self.sequence_length, self.d_model)
         self.built = True
 
     @property
+    def max_length(self):
+        """Deprecated: `sequence_length`."""
+        return self.sequence_length
+
+    @property
     def position_encoding(self):
-        """The sinusoidal table, `(max_length, d_model)` float32 tensor."""
+        """The sinusoidal table, `(sequence_length, d_model)` float32 tensor."""
         return ops.convert_to_tensor(self._position_table)
 
     @property
@@ -206,14 +220,14 @@ class PositionalEmbedding(keras.layers.Layer):
         if (
             length is not None
             and isinstance(start_index, int)
-            and length + start_index > self.max_length
+            and length + start_index > self.sequence_length
         ):
             raise ValueError(
                 f"PositionalEmbedding got a sequence of length {length}"
                 + (f" starting at position {start_index}" if start_index else "")
-                + f", longer than its max_length={self.max_length}. Truncate "
-                "the input to max_length tokens, or build the model with a "
-                "larger max_length."
+                + f", longer than its sequence_length={self.sequence_length}. Truncate "
+                "the input to sequence_length tokens, or build the model with a "
+                "larger sequence_length."
             )
         elif length is None and keras.backend.backend() == "tensorflow":
             # Unknown length inside a tf.function: check in the graph, with
@@ -222,13 +236,13 @@ class PositionalEmbedding(keras.layers.Layer):
 
             check = tf.debugging.assert_less_equal(
                 tf.shape(inputs)[1] + start_index,
-                self.max_length,
+                self.sequence_length,
                 message=(
                     f"PositionalEmbedding got a sequence longer than its "
-                    f"max_length={self.max_length}. Truncate the input to "
-                    "max_length tokens (make_dataset's max_length must not "
+                    f"sequence_length={self.sequence_length}. Truncate the input to "
+                    "sequence_length tokens (make_dataset's sequence_length must not "
                     "exceed the model's), or build the model with a larger "
-                    "max_length."
+                    "sequence_length."
                 ),
             )
             # The slice below must wait for the check: otherwise the two run
@@ -290,13 +304,21 @@ class PositionalEmbedding(keras.layers.Layer):
         shape = self.compute_output_shape(inputs.shape)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "max_length" in config and "sequence_length" not in config:
+            # Saved by an earlier version: the same setting under its old name.
+            config["sequence_length"] = config.pop("max_length")
+        return cls(**config)
+
     def get_config(self):
         config = super().get_config()
         config.update(
             {
                 "vocab_size": self.vocab_size,
                 "d_model": self.d_model,
-                "max_length": self.max_length,
+                "sequence_length": self.sequence_length,
                 "pad_id": self.pad_id,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer

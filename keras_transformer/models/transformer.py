@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.output_projection import OutputProjection
@@ -87,7 +88,7 @@ def check_sizes(**sizes):
     Args:
         **sizes: `build_transformer`'s int arguments by name (any subset of
             the vocabulary sizes, layer counts, `d_model`, `num_heads`,
-            `dff`, `max_length`).
+            `dff`, `sequence_length`).
 
     Raises:
         ValueError: for a size that is not positive, or `num_heads` that
@@ -114,7 +115,7 @@ def build_transformer(
     num_heads=8,
     dff=2048,
     dropout_rate=0.1,
-    max_length=256,
+    sequence_length=None,
     *,
     attention_dropout_rate=None,
     activation_dropout_rate=0.0,
@@ -126,6 +127,7 @@ def build_transformer(
     activation="relu",
     dtype=None,
     name="transformer",
+    max_length=None,
 ):
     """Build the paper's encoder-decoder Transformer as a `keras.Model`.
 
@@ -155,7 +157,9 @@ def build_transformer(
         dropout_rate: float, dropout on the embeddings and on every
             sub-layer output before the residual add (section 5.4); paper:
             0.1.
-        max_length: int, longest source or target sequence (positions).
+        sequence_length: int, longest source or target sequence in tokens
+            (the rows of the position tables); default 256. `max_length` is
+            its deprecated old name.
         attention_dropout_rate: float, dropout on the attention weights;
             default `dropout_rate`.
         activation_dropout_rate: float, dropout on the feed-forward inner
@@ -186,11 +190,11 @@ def build_transformer(
 
     Example:
     >>> model = build_transformer(100, 120, num_layers=1, d_model=16,
-    ...                           num_heads=2, dff=32, max_length=10)
+    ...                           num_heads=2, dff=32, sequence_length=10)
     >>> tuple(model({"encoder_inputs": np.array([[5, 6, 0]]),
     ...              "decoder_inputs": np.array([[2, 7]])}).shape)
     (1, 2, 120)
-    >>> sizes = dict(num_layers=1, d_model=16, num_heads=2, dff=32, max_length=10)
+    >>> sizes = dict(num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=10)
     >>> untied = build_transformer(100, 100, **sizes)
     >>> tied = build_transformer(100, 100, tie_embeddings="all", **sizes)
     >>> untied.count_params() - tied.count_params()  # a table, a kernel, a bias
@@ -200,6 +204,8 @@ def build_transformer(
         Vaswani et al. (2017), section 3 and figure 1.
     """
     num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+    sequence_length = renamed_argument(
+        "build_transformer", "sequence_length", sequence_length, "max_length", max_length, 256)
     check_sizes(
         src_vocab_size=src_vocab_size,
         tgt_vocab_size=tgt_vocab_size,
@@ -208,7 +214,7 @@ def build_transformer(
         d_model=d_model,
         num_heads=num_heads,
         dff=dff,
-        max_length=max_length,
+        sequence_length=sequence_length,
     )
     if tie_embeddings not in TIE_EMBEDDINGS:
         raise ValueError(
@@ -237,7 +243,7 @@ def build_transformer(
 
     def embedding(vocab_size, name):
         return PositionalEmbedding(
-            vocab_size, d_model, max_length, pad_id=pad_id, dtype=dtype, name=name
+            vocab_size, d_model, sequence_length, pad_id=pad_id, dtype=dtype, name=name
         )
 
     # Layers are made in the order of the paper's figure 1 (the decoder
@@ -285,7 +291,7 @@ def build_from_preset(preset, src_vocab_size, tgt_vocab_size, **overrides):
     `keras_transformer.load_translator` (a run or a SavedModel).
 
     Example:
-    >>> model = build_from_preset("tiny", 1000, 1000, max_length=32)
+    >>> model = build_from_preset("tiny", 1000, 1000, sequence_length=32)
     """
     config = get_preset(preset, **overrides)
     return build_transformer(src_vocab_size, tgt_vocab_size, **config)
