@@ -291,7 +291,7 @@ def cmd_translate(args):
             raise ValueError("--plot-attention needs a sentence: pass it as an argument or on stdin.")
         from keras_transformer.plotting import plot_attention
 
-        found = _translator(args).attention(lines[0])
+        found = _translator(args).attention_scores(lines[0])
         plot_attention(found["source_tokens"], found["output_tokens"], found["weights"],
                        args.plot_attention, title=f"{lines[0]} -> {found['translation']}")
         print(f"Cross-attention of the last decoder layer written to {args.plot_attention}",

@@ -164,6 +164,14 @@ class Translator(tf.Module):
         self._search = tf.function(self._search_ids, jit_compile=self.jit_compile)
         self._signatures = None
 
+    def attention(self, text):
+        """Deprecated: `attention_scores`."""
+        import warnings
+
+        warnings.warn("Translator.attention is renamed attention_scores; the old name will be removed.",
+                      DeprecationWarning, stacklevel=2)
+        return self.attention_scores(text)
+
     @property
     def source_max_length(self):
         """Deprecated: `source_sequence_length`."""
@@ -228,7 +236,7 @@ class Translator(tf.Module):
     def _search_ids(self, source_ids, n_best):
         return self.search(self._parts, source_ids, n_best=n_best, **self._search_kwargs())
 
-    def attention(self, text):
+    def attention_scores(self, text):
         """The translation of one sentence with its cross-attention weights.
 
         The translation is this translator's own (beam search or greedy, as

@@ -273,7 +273,7 @@ def test_bad_beam_arguments(parts):
 def test_greedy_cross_attention_weights(parts):
     """Attention weights per output token: rows sum to 1 over real source
     tokens, 0 on source padding, 0 after the end token; same tokens as without."""
-    tokens, _, attention = greedy_search(parts, SOURCES, start_id=START, end_id=END, return_attention=True)
+    tokens, _, attention = greedy_search(parts, SOURCES, start_id=START, end_id=END, return_attention_scores=True)
     plain, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(plain))
     tokens, attention = to_numpy(tokens), to_numpy(attention)

@@ -435,17 +435,24 @@ def test_attention_belongs_to_the_translation_that_is_returned(exported):
     for name in ("beam", "greedy"):
         translator = translators[name]
         for text in INPUTS:
-            found = translator.attention(text)
+            found = translator.attention_scores(text)
             assert found["translation"] == translator([text]).numpy()[0].decode("utf-8")
             weights = found["weights"]
             assert weights.shape == (4, len(found["output_tokens"]), len(found["source_tokens"]))
             np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
     greedy = translators["greedy"]
     source_ids = greedy.encode_source(tf.constant([INPUTS[1]]))
-    _, _, recorded = greedy_search(greedy._parts, source_ids, return_attention=True, **greedy._search_kwargs())
-    found = greedy.attention(INPUTS[1])
+    _, _, recorded = greedy_search(greedy._parts, source_ids, return_attention_scores=True, **greedy._search_kwargs())
+    found = greedy.attention_scores(INPUTS[1])
     n = len(found["output_tokens"])
     np.testing.assert_allclose(found["weights"], recorded.numpy()[0, :n].transpose(1, 0, 2), atol=1e-5)
+    # The old names still answer, with a DeprecationWarning.
+    with pytest.warns(DeprecationWarning, match="attention_scores"):
+        old = greedy.attention(INPUTS[1])
+    np.testing.assert_array_equal(old["weights"], found["weights"])
+    with pytest.warns(DeprecationWarning, match="return_attention_scores"):
+        _, _, again = greedy_search(greedy._parts, source_ids, return_attention=True, **greedy._search_kwargs())
+    np.testing.assert_array_equal(again.numpy(), recorded.numpy())
 
 
 def test_text_that_reads_the_same_translates_the_same(exported):

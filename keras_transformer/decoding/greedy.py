@@ -3,6 +3,7 @@
 from keras import ops
 
 from keras_transformer.decoding.limits import decode_limits
+from keras_transformer.deprecation import renamed_argument
 from keras_transformer.decoding.limits import flatten_caches
 from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.limits import unflatten_caches
@@ -19,8 +20,9 @@ def greedy_search(
     max_length=None,
     length_ratio=None,
     length_offset=10,
-    return_attention=False,
+    return_attention_scores=False,
     suppressed_ids=(),
+    return_attention=None,
 ):
     """Pick the most probable token at each step until `end_id`.
 
@@ -42,18 +44,22 @@ def greedy_search(
             decoder's `sequence_length`.
         length_ratio: optional float, see `decode_limits`.
         length_offset: int, see `decode_limits`.
-        return_attention: bool, also return the last decoder layer's
-            cross-attention weights.
+        return_attention_scores: bool, also return the last decoder layer's
+            cross-attention weights (`return_attention` is its deprecated
+            old name).
         suppressed_ids: ints never to output besides `pad_id` and
             `start_id` (the `Translator` passes the unknown id).
 
     Returns:
         `(tokens, scores)`: int32 `(batch, max_length)` output ids (the end
         token included, no start token) and float32 `(batch,)` sums of the
-        chosen tokens' log-probabilities; with `return_attention`, also
+        chosen tokens' log-probabilities; with `return_attention_scores`, also
         float32 `(batch, max_length, num_heads, source_length)` weights of
         each output token over the source (zero after the end token).
     """
+    return_attention = renamed_argument("greedy_search", "return_attention_scores",
+                                        return_attention_scores or None, "return_attention",
+                                        return_attention or None, False)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     blocked = (pad_id, start_id, *suppressed_ids)
     length = (parts.target_sequence_length if max_length is None
