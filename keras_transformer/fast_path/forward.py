@@ -94,49 +94,33 @@ def feedforward(layer, x):
     return layer.output_dense(hidden)
 
 
-def encoder_block(block, x, unpadding, mask):
-    """A `TransformerEncoder` block on the real tokens `(tokens, d_model)`."""
-    x = fast_ops.residual(
-        x,
-        lambda h: self_attention(block.self_attention, h, unpadding, mask),
-        block.self_attention_layer_norm,
-        block.self_attention_dropout,
-        block.norm_first,
-    )
+def _residual(block, sublayer_name, x, sublayer):
+    """`fast_ops.residual` around one of `block`'s sub-layers, with the
+    block's LayerNorm and dropout of that sub-layer (`<name>_layer_norm`,
+    `<name>_dropout`)."""
     return fast_ops.residual(
         x,
-        lambda h: feedforward(block.feedforward, h),
-        block.feedforward_layer_norm,
-        block.feedforward_dropout,
+        sublayer,
+        getattr(block, f"{sublayer_name}_layer_norm"),
+        getattr(block, f"{sublayer_name}_dropout"),
         block.norm_first,
     )
+
+
+def encoder_block(block, x, unpadding, mask):
+    """A `TransformerEncoder` block on the real tokens `(tokens, d_model)`."""
+    x = _residual(block, "self_attention", x,
+                  lambda h: self_attention(block.self_attention, h, unpadding, mask))
+    return _residual(block, "feedforward", x, lambda h: feedforward(block.feedforward, h))
 
 
 def decoder_block(block, y, unpadding, self_mask, memory, memory_unpadding, cross_mask):
     """A `TransformerDecoder` block on the real target tokens."""
-    y = fast_ops.residual(
-        y,
-        lambda h: self_attention(block.self_attention, h, unpadding, self_mask),
-        block.self_attention_layer_norm,
-        block.self_attention_dropout,
-        block.norm_first,
-    )
-    y = fast_ops.residual(
-        y,
-        lambda h: cross_attention(
-            block.cross_attention, h, unpadding, memory, memory_unpadding, cross_mask
-        ),
-        block.cross_attention_layer_norm,
-        block.cross_attention_dropout,
-        block.norm_first,
-    )
-    return fast_ops.residual(
-        y,
-        lambda h: feedforward(block.feedforward, h),
-        block.feedforward_layer_norm,
-        block.feedforward_dropout,
-        block.norm_first,
-    )
+    y = _residual(block, "self_attention", y,
+                  lambda h: self_attention(block.self_attention, h, unpadding, self_mask))
+    y = _residual(block, "cross_attention", y, lambda h: cross_attention(
+        block.cross_attention, h, unpadding, memory, memory_unpadding, cross_mask))
+    return _residual(block, "feedforward", y, lambda h: feedforward(block.feedforward, h))
 
 
 class TrainingForward:
