@@ -294,3 +294,41 @@ def test_max_length_is_the_deprecated_name_of_sequence_length():
     with pytest.warns(DeprecationWarning):
         assert TrainingConfig("a", "b", max_length=32).sequence_length == 32
     assert TrainingConfig("a", "b").sequence_length == 64
+
+
+def test_fast_path_fit_logs_the_loss_and_accuracy_that_evaluate_gives(monkeypatch):
+    """`fast_path.attach` gives `fit` the fast step: with dropout 0 and a
+    learning rate of 0, one step logs the loss and accuracy that `evaluate`
+    (the plain model) gives on the same batch, and the weights stay; label
+    smoothing and pad_id come from the compiled loss; `detach` restores
+    Keras's own step."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer import fast_path
+
+    model = small_model()
+    x = inputs(
+        [[5, 6, 7, END, PAD], [8, END, PAD, PAD, PAD], [9, 10, 11, 12, END]],
+        [[START, 8, 9, PAD], [START, PAD, PAD, PAD], [START, 13, 14, 15]],
+    )
+    labels = np.array([[8, 9, END, PAD], [END, PAD, PAD, PAD], [13, 14, 15, END]], "int32")
+    model.compile(keras.optimizers.SGD(0.0), MaskedSparseCategoricalCrossentropy(label_smoothing=0.1),
+                  metrics=[MaskedAccuracy()])
+    traced = []
+    real_step = fast_path.loss_and_predictions
+    monkeypatch.setattr(fast_path, "loss_and_predictions",
+                        lambda *a, **k: traced.append(1) or real_step(*a, **k))
+    fast_path.attach(model)
+    assert fast_path.is_attached(model)
+    before = [w.copy() for w in model.get_weights()]
+    fitted = model.fit(x, labels, batch_size=3, epochs=1, verbose=0).history
+    evaluated = model.evaluate(x, labels, batch_size=3, verbose=0, return_dict=True)
+    assert traced  # fit traced the fast step
+    assert fitted["loss"][0] == pytest.approx(evaluated["loss"], abs=1e-5)
+    assert fitted["masked_accuracy"][0] == pytest.approx(evaluated["masked_accuracy"], abs=1e-6)
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+    fast_path.detach(model)
+    assert not fast_path.is_attached(model)
+    plain = model.fit(x, labels, batch_size=3, epochs=1, verbose=0).history
+    assert plain["loss"][0] == pytest.approx(evaluated["loss"], abs=1e-5)
