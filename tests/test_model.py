@@ -330,5 +330,11 @@ def test_fast_path_fit_logs_the_loss_and_accuracy_that_evaluate_gives(monkeypatc
         np.testing.assert_array_equal(got, want)
     fast_path.detach(model)
     assert not fast_path.is_attached(model)
+    with pytest.raises(ValueError, match="compiled model"):
+        fast_path.attach(small_model())
+    other = small_model()
+    other.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="MaskedSparseCategoricalCrossentropy"):
+        fast_path.attach(other)
     plain = model.fit(x, labels, batch_size=3, epochs=1, verbose=0).history
     assert plain["loss"][0] == pytest.approx(evaluated["loss"], abs=1e-5)

@@ -117,11 +117,24 @@ def loss_and_predictions(forward, x, y, pad_id=0, label_smoothing=0.0):
 
 
 def _loss_settings(model, pad_id, label_smoothing):
+    """`(pad_id, label_smoothing)` of the compiled loss, which must be the
+    one the fast step computes, so that `fit` and `evaluate` report the same
+    quantity."""
+    from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
+
+    if getattr(model, "optimizer", None) is None:
+        raise ValueError("The training fast path attaches to a compiled model: call "
+                         "model.compile(optimizer, MaskedSparseCategoricalCrossentropy(...)) first.")
     loss = getattr(model, "loss", None)
+    if not isinstance(loss, MaskedSparseCategoricalCrossentropy) or not loss.from_logits:
+        raise ValueError(
+            "The training fast path computes MaskedSparseCategoricalCrossentropy from logits; "
+            f"this model is compiled with {loss!r}. Compile it with "
+            "MaskedSparseCategoricalCrossentropy(label_smoothing=...), or train without the fast path.")
     if pad_id is None:
-        pad_id = getattr(loss, "pad_id", 0)
+        pad_id = loss.pad_id
     if label_smoothing is None:
-        label_smoothing = getattr(loss, "label_smoothing", 0.0)
+        label_smoothing = loss.label_smoothing
     return int(pad_id), float(label_smoothing)
 
 
@@ -144,7 +157,8 @@ def attach(model, pad_id=None, label_smoothing=None):
         `model`.
 
     Raises:
-        ValueError: where the fast path does not apply (`applies`).
+        ValueError: where the fast path does not apply (`applies`), for a
+            model not compiled yet, or compiled with another loss.
     """
     reason = applies(model)
     if reason:
