@@ -241,22 +241,53 @@ def test_c03_causal_mask_polarity_no_future_leak():
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_decoder_call_cached_equals_call(norm_first):
-    """Cached one-step decoding equals the full causal pass, position by position."""
+def test_decoder_call_with_cache_equals_call(norm_first):
+    """A cached call, one position at a time (the cache as call arguments, as
+    KerasHub's decoder takes it), equals the full causal pass position by
+    position; the deprecated `call_cached` gives the same values."""
     rng = np.random.default_rng(6)
     decoder = TransformerDecoder(num_heads=2, dff=32, dropout_rate=0.0, norm_first=norm_first)
     target = rng.normal(size=(2, 5, 16)).astype("float32")
     source = rng.normal(size=(2, 4, 16)).astype("float32")
     source_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
     full = to_numpy(decoder(target, source, encoder_outputs_mask=source_mask))
-    cross_k, cross_v = decoder.precompute_cross_attention_cache(source)
-    cache_k, cache_v = decoder.empty_cache(2, 6)
-    assert tuple(cache_k.shape) == (2, 2, 8, 6) and tuple(cache_v.shape) == (2, 2, 6, 8)
+    cross = decoder.precompute_cross_attention_cache(source)
+    cache = decoder.empty_cache(2, 6)
+    assert tuple(cache[0].shape) == (2, 2, 8, 6) and tuple(cache[1].shape) == (2, 2, 6, 8)
+    old_k, old_v = cache
     for t in range(5):
-        step, cache_k, cache_v = decoder.call_cached(
-            target[:, t : t + 1], cache_k, cache_v, t, cross_k, cross_v, source_mask
+        step, cache = decoder(
+            target[:, t : t + 1], encoder_outputs_mask=source_mask, self_attention_cache=cache,
+            self_attention_cache_update_index=t, cross_attention_cache=cross,
         )
         np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, t], atol=1e-5)
+        # The cross cache may also come from the encoder outputs themselves.
+        again, _ = decoder(
+            target[:, t : t + 1], source, encoder_outputs_mask=source_mask,
+            self_attention_cache=(old_k, old_v), self_attention_cache_update_index=t,
+        )
+        np.testing.assert_allclose(to_numpy(again)[:, 0], full[:, t], atol=1e-5)
+        with pytest.warns(DeprecationWarning, match="call_cached"):
+            old, old_k, old_v = decoder.call_cached(
+                target[:, t : t + 1], old_k, old_v, t, *cross, source_mask
+            )
+        np.testing.assert_array_equal(to_numpy(old), to_numpy(step))
+        np.testing.assert_array_equal(to_numpy(old_k), to_numpy(cache[0]))
+
+
+def test_decoder_cached_call_says_what_is_missing():
+    decoder = TransformerDecoder(num_heads=2, dff=32)
+    source = np.ones((2, 4, 16), "float32")
+    decoder(np.ones((2, 3, 16), "float32"), source)
+    cache = decoder.empty_cache(2, 6)
+    with pytest.raises(ValueError, match="self_attention_cache_update_index"):
+        decoder(np.ones((2, 1, 16), "float32"), source, self_attention_cache=cache)
+    with pytest.raises(ValueError, match="one position"):
+        decoder(np.ones((2, 3, 16), "float32"), source, self_attention_cache=cache,
+                self_attention_cache_update_index=0)
+    with pytest.raises(ValueError, match="cross_attention_cache"):
+        decoder(np.ones((2, 1, 16), "float32"), self_attention_cache=cache,
+                self_attention_cache_update_index=0)
 
 
 @pytest.mark.parametrize(

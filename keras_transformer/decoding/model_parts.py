@@ -111,18 +111,23 @@ class TransformerParts:
         )
         new_caches = []
         attention = None
-        for layer, layer_weights, (key, value), (cross_key, cross_value) in zip(
+        for layer, layer_weights, self_cache, cross_cache in zip(
             self.decoder_layers, weights["layers"], self_caches, cross_caches
         ):
-            outputs = layer.call_cached(
-                x, key, value, index, cross_key, cross_value, encoder_mask,
+            outputs = layer(
+                x,
+                encoder_outputs_mask=encoder_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
                 return_attention_scores=return_attention_scores,
-                weights=layer_weights, masks=masks,
+                decoding_weights=layer_weights,
+                cache_masks=masks,
             )
-            x, key, value = outputs[:3]
+            x = outputs[0]
             if return_attention_scores:
-                attention = outputs[3]
-            new_caches.append((key, value))
+                attention = outputs[2]
+            new_caches.append(outputs[1])
         x = x[:, 0, :]
         if self.decoder_final_norm is not None:
             x = self.decoder_final_norm(x)

@@ -97,23 +97,23 @@ def attention_bias(mask):
     return ops.where(ops.cast(mask, "bool"), 0.0, _MASK_VALUE)
 
 
-def single_query_attention(query, key, value, bias, keep=None):
+def single_query_attention(query, key, value, mask=None, keep=None):
     """Attention of one query per row over cached keys (incremental decoding).
 
     The same function as `scaled_dot_product_attention` for a query length of
     1, laid out for decoding one token at a time: no transposes, plain batched
     matrix products, and a float32 softmax written out in elementwise ops
     (cheap on every backend for these small shapes). The query must already
-    carry the `1 / sqrt(d_k)` factor (see
-    `MultiHeadAttention.fused_projection_weights`).
+    carry the `1 / sqrt(d_k)` factor (see `MultiHeadAttention.input_projection`).
 
     Args:
         query: `(batch, num_heads, key_dim)`, scaled.
         key: `(batch, num_heads, key_dim, key_length)` (keys transposed).
         value: `(batch, num_heads, key_length, value_dim)`.
-        bias: float32, broadcastable to `(batch, num_heads, key_length)`:
-            0 where allowed, -1e9 where blocked (`attention_bias`).
-        keep: optional float32 `(batch, 1, 1)`, 0 for rows whose keys are all
+        mask: optional bool, broadcastable to `(batch, num_heads,
+            key_length)`, True where attention is allowed; blocked scores
+            become -1e9 before the softmax.
+        keep: optional bool `(batch, 1, 1)`, False for rows whose keys are all
             blocked: their weights become exactly zero, as in
             `masked_softmax`.
 
@@ -125,12 +125,14 @@ def single_query_attention(query, key, value, bias, keep=None):
         Vaswani et al. (2017), section 3.2.1, equation (1).
     """
     scores = ops.matmul(ops.expand_dims(query, 2), key)[:, :, 0, :]
-    scores = ops.cast(scores, "float32") + bias
+    scores = ops.cast(scores, "float32")
+    if mask is not None:
+        scores = ops.where(mask, scores, _MASK_VALUE)
     scores = scores - ops.max(scores, axis=-1, keepdims=True)
     weights = ops.exp(scores)
     weights = weights / ops.sum(weights, axis=-1, keepdims=True)
     if keep is not None:
-        weights = weights * keep
+        weights = ops.where(keep, weights, 0.0)
     attended = ops.cast(ops.expand_dims(weights, 2), value.dtype)
     return ops.matmul(attended, value)[:, :, 0, :], weights
 

@@ -1,5 +1,7 @@
 """One decoder block: causal self-attention, cross-attention, feed-forward."""
 
+import warnings
+
 import keras
 from keras import ops
 
@@ -9,7 +11,6 @@ from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
-from keras_transformer.layers.multi_head_attention import attention_bias
 from keras_transformer.layers.multi_head_attention import single_query_attention
 from keras_transformer.layers.residual import make_layer_norm
 from keras_transformer.layers.residual import residual
@@ -17,9 +18,12 @@ from keras_transformer.layers.transformer_block import TransformerBlock
 
 
 def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
-    """What every decoder layer's `call_cached` needs at position `index`.
+    """The masks of one cached decoding step, shared by all decoder layers.
 
-    The same for all layers of a step: build it once per step.
+    `TransformerDecoder` builds them itself from
+    `self_attention_cache_update_index` and `encoder_outputs_mask`; a search
+    that runs several layers a step builds them once and passes them as
+    `cache_masks`. All are bool (no float that mixed precision would cast).
 
     Args:
         index: scalar int, position of the new token.
@@ -27,28 +31,24 @@ def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
         encoder_mask: optional bool `(batch, source_length)`.
         growing: the caches hold positions `0..index - 1` only and the new
             key and value are appended (`decoding.growing_cache`): then
-            `"slot"` is None and `"self_bias"` 0.
+            `"slot"` and `"self"` are None.
 
     Returns:
         dict: `"slot"` bool `(length,)`, True at `index` (where the new key
-        and value go); `"self_bias"` float32 `(length,)`, 0 for slots
-        `<= index`, -1e9 after (the causal mask); `"cross_bias"` float32
-        `(batch, 1, source_length)` (or 0.0) and `"keep"` float32
-        `(batch, 1, 1)` (or None), 0 for sources with no token at all.
+        and value go); `"self"` bool `(length,)`, True for slots `<= index`
+        (the causal mask); `"cross"` bool `(batch, 1, source_length)` (or
+        None) and `"keep"` bool `(batch, 1, 1)` (or None), False for sources
+        with no token at all.
     """
-    if growing:
-        masks = {"slot": None, "self_bias": 0.0, "cross_bias": 0.0, "keep": None}
-    else:
+    masks = {"slot": None, "self": None, "cross": None, "keep": None}
+    if not growing:
         positions = ops.arange(cache_length, dtype="int32")
-        masks = {
-            "slot": ops.equal(positions, index),
-            "self_bias": attention_bias(ops.less_equal(positions, index)),
-            "cross_bias": 0.0,
-            "keep": None,
-        }
+        masks["slot"] = ops.equal(positions, index)
+        masks["self"] = ops.less_equal(positions, index)
     if encoder_mask is not None:
-        masks["cross_bias"] = ops.expand_dims(attention_bias(encoder_mask), 1)
-        masks["keep"] = ops.cast(ops.any(encoder_mask, axis=-1), "float32")[:, None, None]
+        encoder_mask = ops.cast(encoder_mask, "bool")
+        masks["cross"] = ops.expand_dims(encoder_mask, 1)
+        masks["keep"] = ops.any(encoder_mask, axis=-1)[:, None, None]
     return masks
 
 
@@ -105,9 +105,12 @@ class TransformerDecoder(TransformerBlock):
     `inputs_mask` and `encoder_outputs_mask`. The block's output carries the
     target mask on.
 
-    For incremental decoding, `call_cached` runs one new position against a
-    fixed-size key/value cache; it gives the same values as `call` on the
-    whole prefix.
+    For incremental decoding, the call takes a key/value cache as arguments,
+    as KerasHub's `TransformerDecoder` does: with `self_attention_cache` and
+    `self_attention_cache_update_index`, `inputs` is one new position, its
+    key and value are written into the cache at that index, and the call
+    returns the new cache beside the output. It gives the values of the
+    uncached call on the whole prefix at that position.
 
     Args:
         num_heads: int, attention heads; must divide `d_model`.
@@ -133,14 +136,33 @@ class TransformerDecoder(TransformerBlock):
         return_attention_scores: bool, also return a dict with
             `"self_attention"` `(batch, heads, target_length, target_length)`
             and `"cross_attention"` `(batch, heads, target_length,
-            source_length)` float32 weights.
+            source_length)` float32 weights (cached: the cross-attention
+            weights `(batch, heads, source_length)` only).
+        self_attention_cache: cached decoding: `(key (batch, heads, key_dim,
+            cache_length), value (batch, heads, cache_length, key_dim))`, from
+            `empty_cache` or the previous step; `inputs` is then
+            `(batch, 1, d_model)`, the embedded token at
+            `self_attention_cache_update_index`. No dropout.
+        self_attention_cache_update_index: scalar int, the new token's
+            position (its cache slot).
+        cross_attention_cache: `precompute_cross_attention_cache(
+            encoder_outputs)`, computed once per source; computed from
+            `encoder_outputs` if omitted.
+        decoding_weights: optional `decoding_weights()`, the fused projection
+            matrices; a decoding loop computes them once, outside the loop.
+        cache_masks: optional `cached_step_masks(...)` of this step, shared by
+            the layers of a step; built from the index and
+            `encoder_outputs_mask` if omitted.
 
     Returns:
-        float tensor `(batch, target_length, d_model)`.
+        float tensor `(batch, target_length, d_model)`; cached: the tuple
+        `(outputs (batch, 1, d_model), self_attention_cache)`.
 
     Raises:
-        ValueError: if `num_heads` does not divide `d_model`, or
-            `encoder_outputs` is missing.
+        ValueError: if `num_heads` does not divide `d_model`, if
+            `encoder_outputs` (or, cached, `cross_attention_cache`) is
+            missing, or for a cached call on more than one position or
+            without `self_attention_cache_update_index`.
 
     Example:
     >>> block = TransformerDecoder(num_heads=2, dff=32)
@@ -232,7 +254,18 @@ class TransformerDecoder(TransformerBlock):
         use_causal_mask=True,
         training=None,
         return_attention_scores=False,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        decoding_weights=None,
+        cache_masks=None,
     ):
+        if self_attention_cache is not None:
+            return self._call_with_cache(
+                inputs, encoder_outputs, encoder_outputs_mask, self_attention_cache,
+                self_attention_cache_update_index, cross_attention_cache,
+                return_attention_scores, decoding_weights, cache_masks,
+            )
         if encoder_outputs is None:
             raise ValueError(
                 "TransformerDecoder needs `encoder_outputs`, the output of the "
@@ -312,59 +345,69 @@ class TransformerDecoder(TransformerBlock):
         return ops.transpose(key, (0, 2, 3, 1)), ops.transpose(value, (0, 2, 1, 3))
 
     def decoding_weights(self):
-        """The projection matrices `call_cached` uses, built once per search.
+        """The projection matrices of a cached call, built once per search.
 
         Self-attention Q, K and V as one fused matrix, cross-attention Q,
         the query parts pre-scaled by `1 / sqrt(key_dim)` (see
         `MultiHeadAttention.fused_projection_weights`). Compute them outside
-        the decoding loop and pass them to every `call_cached`.
+        the decoding loop and pass them to every cached call as
+        `decoding_weights`.
         """
         return {
             "self": self.self_attention.fused_projection_weights(),
             "cross": self.cross_attention.fused_projection_weights(include_key_value=False),
         }
 
-    def call_cached(
-        self,
-        inputs,
-        self_key_cache,
-        self_value_cache,
-        index,
-        cross_key,
-        cross_value,
-        encoder_mask=None,
-        return_attention_scores=False,
-        weights=None,
-        masks=None,
-    ):
-        """Run one new target position against a key/value cache.
-
-        The new position's key and value are written into the fixed-size
-        self-attention cache at `index`; the query attends to cache slots
-        `0..index` only. Cross-attention uses keys and values from
-        `precompute_cross_attention_cache`. No dropout (inference only).
-        Gives the values of `call` on the whole prefix at position `index`.
-
-        Args:
-            inputs: float `(batch, 1, d_model)`, the embedded new token.
-            self_key_cache: `(batch, num_heads, key_dim, max_length)`.
-            self_value_cache: `(batch, num_heads, max_length, key_dim)`.
-            index: scalar int, the position of the new token.
-            cross_key: `(batch, num_heads, key_dim, source_length)`.
-            cross_value: `(batch, num_heads, source_length, key_dim)`.
-            encoder_mask: optional bool `(batch, source_length)`.
-            return_attention_scores: bool, also return the cross-attention
-                weights `(batch, num_heads, source_length)` float32.
-            weights: the result of `decoding_weights()`; computed here if
-                omitted (pass it in a loop to keep the work out of it).
-            masks: the result of `cached_step_masks(index, max_length,
-                encoder_mask)`, shared by the layers of a step; computed
-                here if omitted.
+    def call_cached(self, inputs, self_key_cache, self_value_cache, index, cross_key,
+                    cross_value, encoder_mask=None, return_attention_scores=False,
+                    weights=None, masks=None):
+        """Deprecated: call the layer with `self_attention_cache=(key, value)`,
+        `self_attention_cache_update_index=index` and
+        `cross_attention_cache=(cross_key, cross_value)`.
 
         Returns:
-            `(outputs (batch, 1, d_model), self_key_cache, self_value_cache)`,
-            plus the cross-attention weights if asked for.
+            `(outputs, self_key_cache, self_value_cache)`, plus the
+            cross-attention weights if asked for.
         """
+        warnings.warn(
+            "TransformerDecoder.call_cached is deprecated; call the layer with "
+            "self_attention_cache=, self_attention_cache_update_index= and "
+            "cross_attention_cache=.", DeprecationWarning, stacklevel=2,
+        )
+        outputs = self(
+            inputs, encoder_outputs_mask=encoder_mask,
+            self_attention_cache=(self_key_cache, self_value_cache),
+            self_attention_cache_update_index=index,
+            cross_attention_cache=(cross_key, cross_value),
+            return_attention_scores=return_attention_scores,
+            decoding_weights=weights, cache_masks=masks,
+        )
+        return (outputs[0], *outputs[1], *outputs[2:])
+
+    def _call_with_cache(self, inputs, encoder_outputs, encoder_mask, self_cache, index,
+                         cross_cache, return_attention_scores, weights, masks):
+        """One new target position against the caches (see the class
+        docstring); no dropout."""
+        if index is None:
+            raise ValueError(
+                "A cached TransformerDecoder call needs `self_attention_cache_update_index`, "
+                "the position of the new token (0 for the first)."
+            )
+        if inputs.shape[1] is not None and inputs.shape[1] != 1:
+            raise ValueError(
+                "A cached TransformerDecoder call decodes one position: `inputs` must be "
+                f"(batch, 1, d_model); got {tuple(inputs.shape)}. Call without "
+                "`self_attention_cache` for a whole sequence."
+            )
+        if cross_cache is None:
+            if encoder_outputs is None:
+                raise ValueError(
+                    "A cached TransformerDecoder call needs `cross_attention_cache` "
+                    "(from `precompute_cross_attention_cache`) or `encoder_outputs`."
+                )
+            cross_cache = self.precompute_cross_attention_cache(encoder_outputs)
+        self_key_cache, self_value_cache = self_cache
+        cross_key, cross_value = cross_cache
         weights = weights or self.decoding_weights()
         heads, key_dim = self.num_heads, self.key_dim
         batch = ops.shape(inputs)[0]
@@ -395,14 +438,14 @@ class TransformerDecoder(TransformerBlock):
                 ops.reshape(query, (batch, heads, key_dim)),
                 caches["key"],
                 caches["value"],
-                masks["self_bias"],
+                masks["self"],
             )
             return output(attended, weights["self"])
 
         def cross_attend(x):
             query = ops.reshape(project(x, weights["cross"]), (batch, heads, key_dim))
             attended, attention = single_query_attention(
-                query, cross_key, cross_value, masks["cross_bias"], masks["keep"]
+                query, cross_key, cross_value, masks["cross"], masks["keep"]
             )
             return output(attended, weights["cross"]), attention
 
@@ -417,7 +460,7 @@ class TransformerDecoder(TransformerBlock):
         )
         attention = {}
         x = self._cross_and_feedforward(x, cross_attend, False, attention)
-        outputs = (ops.expand_dims(x, 1), caches["key"], caches["value"])
+        outputs = (ops.expand_dims(x, 1), (caches["key"], caches["value"]))
         if return_attention_scores:
             outputs += (attention["cross_attention"],)
         return outputs
