@@ -61,6 +61,34 @@ def test_element_spec_shapes_and_dtypes(corpus, tokenizers):
         assert (enc[:, -1] != PAD_ID).any() and (dec[:, -1] != PAD_ID).any()
 
 
+def test_the_stages_compose_into_make_dataset(corpus, tokenizers):
+    """read -> tokenize -> batch, called one by one, give make_dataset's
+    batches (no shuffle), and each stage's output has its documented form."""
+    from keras_transformer.data import batch_examples
+    from keras_transformer.data import read_pairs
+    from keras_transformer.data import resolve_bucket_boundaries
+    from keras_transformer.data import tokenize_pairs
+
+    en, de = corpus
+    src, tgt = read_pairs(en, de)
+    assert len(src) == len(tgt) == 600 and src[:3] == en[:3]  # the blank-sided pairs dropped
+    examples = tokenize_pairs(src, tgt, *tokenizers, sequence_length=8)
+    first = next(iter(examples))
+    assert [t.shape.rank for t in first] == [1, 1, 1] and first[1].shape == first[2].shape
+    assert first[0][-1] == END_ID and first[1][0] == START_ID
+    boundaries = resolve_bucket_boundaries(None, 8, tokens_per_batch=64)
+    assert boundaries == auto_bucket_boundaries(8)
+    pads = tuple(tf.constant(PAD_ID, tf.int32) for _ in range(3))
+    staged = [tuple(t.numpy() for t in b) for b in batch_examples(
+        examples, pads, sequence_length=8, tokens_per_batch=64, bucket_boundaries=boundaries)]
+    whole = collect(make_dataset(en, de, *tokenizers, sequence_length=8, tokens_per_batch=64,
+                                 shuffle=False))
+    assert len(staged) == len(whole) > 10
+    for a, b in zip(staged, whole):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_teacher_forcing_invariants(corpus, tokenizers):
     en, de = corpus
     ds = make_dataset(en, de, *tokenizers, batch_size=64, sequence_length=8)

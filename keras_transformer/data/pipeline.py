@@ -1,8 +1,14 @@
 """`tf.data` pipeline from parallel text to batched model inputs.
 
-Stages: read (files or lists) -> drop pairs with an empty side -> tokenize
-and pack (`pack_source`, `pack_target`; batched, in-graph) -> cache ->
-shuffle -> repeat -> length bucketing / padded batching -> prefetch.
+`make_dataset` runs four stages, each a function of its own:
+
+1. `read_pairs`: files or lists -> aligned lines, pairs with a blank side
+   dropped;
+2. `tokenize_pairs`: lines -> a dataset of packed examples
+   (`pack_source`, `pack_target`; batched, in-graph);
+3. (cache -> shuffle -> repeat);
+4. `batch_examples`: length bucketing (`resolve_bucket_boundaries`) or
+   padded batching; then the model's input dict and prefetch.
 
 Element spec of the returned dataset (batch size and lengths dynamic):
 
@@ -76,7 +82,21 @@ def _as_lines(data, name):
     )
 
 
-def _read_pairs(src, tgt):
+def read_pairs(src, tgt):
+    """Stage 1: aligned source and target lines, pairs with a blank side
+    dropped.
+
+    Args:
+        src, tgt: paths (plain or `.gz`, one sentence a line) or lists of
+            `str`, aligned line by line.
+
+    Returns:
+        `(src_lines, tgt_lines)`, two lists of `str` of one length.
+
+    Raises:
+        ValueError: for another type, misaligned inputs, or no pair with
+            both sides non-blank.
+    """
     if isinstance(src, (str, os.PathLike)) and isinstance(
         tgt, (str, os.PathLike)
     ):
@@ -94,7 +114,162 @@ def _read_pairs(src, tgt):
             "`src` and `tgt` hold no sentence pair: they are empty or every "
             "pair has a blank side, so a model would train on nothing."
         )
-    return src_lines, tgt_lines
+    kept = [(s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() and t.strip()]
+    return [s for s, _ in kept], [t for _, t in kept]
+
+
+def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length):
+    """Stage 2: a dataset of packed training examples.
+
+    Sources are packed as `t[:sequence_length - 1] + [end]`; targets as
+    `[start] + t[:sequence_length] + [end]`, shifted into decoder inputs
+    (without the end id) and labels (without the start id). Lines are
+    tokenized in chunks, in-graph; examples whose source or target
+    tokenizes to nothing are dropped.
+
+    Args:
+        src_lines, tgt_lines: aligned lists of `str` (from `read_pairs`).
+        src_tokenizer, tgt_tokenizer: tokenizers with `tokenize` (rank-1
+            strings to ragged ids), `end_id` (and the target's `start_id`).
+        sequence_length: int >= 2.
+
+    Returns:
+        `tf.data.Dataset` of `(encoder_inputs, decoder_inputs, labels)`,
+        int32 vectors of lengths `S <= sequence_length` and `T <=
+        sequence_length` (decoder inputs and labels one length).
+    """
+    src_end = int(src_tokenizer.end_id)
+    tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)
+
+    def tokenize_and_pack(src_batch, tgt_batch):
+        # Batched: ragged ops on a chunk are much faster than per example.
+        encoder_inputs = pack_source_ragged(
+            src_tokenizer.tokenize(src_batch), sequence_length, end_id=src_end
+        )
+        decoder_inputs, labels = pack_target_ragged(
+            tgt_tokenizer.tokenize(tgt_batch),
+            sequence_length + 1,
+            start_id=tgt_start,
+            end_id=tgt_end,
+        )
+        return encoder_inputs, decoder_inputs, labels
+
+    def not_empty(encoder_inputs, decoder_inputs, labels):
+        # Only the special id left: the side tokenized to nothing.
+        return tf.logical_and(
+            tf.size(encoder_inputs) > 1, tf.size(decoder_inputs) > 1
+        )
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        (
+            tf.constant(src_lines, dtype=tf.string, shape=[len(src_lines)]),
+            tf.constant(tgt_lines, dtype=tf.string, shape=[len(tgt_lines)]),
+        )
+    )
+    ds = ds.batch(_TOKENIZE_CHUNK).map(
+        tokenize_and_pack, num_parallel_calls=tf.data.AUTOTUNE
+    )
+    # Unbatched ragged rows have a RaggedTensorSpec of ragged_rank 0; the
+    # identity map turns them into plain tensors for padded batching.
+    ds = ds.unbatch().filter(not_empty)
+    return ds.map(
+        lambda *parts: tuple(tf.identity(p) for p in parts),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+def resolve_bucket_boundaries(bucket_boundaries, sequence_length, tokens_per_batch=None,
+                              pad_to_bucket_boundary=False):
+    """The bucket boundaries `make_dataset` uses, checked.
+
+    Args:
+        bucket_boundaries: None, `"auto"` or a list of ints (see
+            `make_dataset`).
+        sequence_length: int, the longest sequence.
+        tokens_per_batch: optional int; implies `"auto"` for None.
+        pad_to_bucket_boundary: bool (see `make_dataset`).
+
+    Returns:
+        a strictly increasing list of ints in `tf.data`'s convention, or None
+        (plain padded batches).
+
+    Raises:
+        ValueError: for another string, a list that is empty, not strictly
+            increasing or not positive, or `pad_to_bucket_boundary` without
+            buckets or with a last boundary `<= sequence_length`.
+    """
+    if bucket_boundaries is None and tokens_per_batch is not None:
+        bucket_boundaries = "auto"
+    if isinstance(bucket_boundaries, str):
+        if bucket_boundaries != "auto":
+            raise ValueError(
+                "`bucket_boundaries` must be None, 'auto' or a list of ints. "
+                f"Received: {bucket_boundaries!r}."
+            )
+        bucket_boundaries = auto_bucket_boundaries(sequence_length)
+    elif bucket_boundaries is not None:
+        bucket_boundaries = [int(b) for b in bucket_boundaries]
+        if (
+            not bucket_boundaries
+            or any(
+                b <= a for a, b in zip(bucket_boundaries, bucket_boundaries[1:])
+            )
+            or bucket_boundaries[0] < 1
+        ):
+            raise ValueError(
+                "`bucket_boundaries` must be a non-empty, strictly increasing "
+                f"list of positive ints. Received: {bucket_boundaries}."
+            )
+    if pad_to_bucket_boundary and bucket_boundaries is None:
+        raise ValueError(
+            "`pad_to_bucket_boundary=True` needs `bucket_boundaries` "
+            "(or `tokens_per_batch`)."
+        )
+    if pad_to_bucket_boundary and bucket_boundaries[-1] <= sequence_length:
+        raise ValueError(
+            "With `pad_to_bucket_boundary=True` the last boundary must be "
+            f"greater than sequence_length={sequence_length} so every example fits a "
+            f"bucket. Received: {bucket_boundaries}."
+        )
+    return bucket_boundaries
+
+
+def batch_examples(examples, padding_values, *, sequence_length, batch_size=None,
+                   tokens_per_batch=None, bucket_boundaries=None, pad_to_bucket_boundary=False):
+    """Stage 4: batches of examples, padded.
+
+    Args:
+        examples: dataset of `(encoder_inputs, decoder_inputs, labels)`
+            vectors (from `tokenize_pairs`).
+        padding_values: int32 scalars `(source pad, target pad, target pad)`.
+        sequence_length: int, the last bucket's upper length.
+        batch_size: int, examples per batch without `tokens_per_batch`.
+        tokens_per_batch: optional int, each bucket's batch size is
+            `tokens_per_batch // its upper length`.
+        bucket_boundaries: a list from `resolve_bucket_boundaries`, or None
+            for plain padded batches.
+        pad_to_bucket_boundary: bool, pad to the bucket's upper length.
+
+    Returns:
+        dataset of `(encoder_inputs (B, S), decoder_inputs (B, T), labels
+        (B, T))` int32, bucketed by `max(S, T)`.
+    """
+    if bucket_boundaries is None:
+        return examples.padded_batch(batch_size, padding_values=padding_values)
+    uppers = [b - 1 for b in bucket_boundaries] + [sequence_length]
+    if tokens_per_batch is None:
+        batch_sizes = [batch_size] * len(uppers)
+    else:
+        batch_sizes = [max(1, tokens_per_batch // max(1, upper)) for upper in uppers]
+    return examples.bucket_by_sequence_length(
+        element_length_func=lambda src, dec, lab: tf.maximum(
+            tf.shape(src)[0], tf.shape(dec)[0]
+        ),
+        bucket_boundaries=bucket_boundaries,
+        bucket_batch_sizes=batch_sizes,
+        padding_values=padding_values,
+        pad_to_bucket_boundary=pad_to_bucket_boundary,
+    )
 
 
 def check_batching(sequence_length, tokens_per_batch, batch_size):
@@ -231,85 +406,11 @@ def make_dataset(
     tokens_per_batch = None if tokens_per_batch is None else int(tokens_per_batch)
     if tokens_per_batch is None:
         batch_size = int(batch_size)
-    if bucket_boundaries is None and tokens_per_batch is not None:
-        bucket_boundaries = "auto"
-    if isinstance(bucket_boundaries, str):
-        if bucket_boundaries != "auto":
-            raise ValueError(
-                "`bucket_boundaries` must be None, 'auto' or a list of ints. "
-                f"Received: {bucket_boundaries!r}."
-            )
-        bucket_boundaries = auto_bucket_boundaries(sequence_length)
-    elif bucket_boundaries is not None:
-        bucket_boundaries = [int(b) for b in bucket_boundaries]
-        if (
-            not bucket_boundaries
-            or any(
-                b <= a for a, b in zip(bucket_boundaries, bucket_boundaries[1:])
-            )
-            or bucket_boundaries[0] < 1
-        ):
-            raise ValueError(
-                "`bucket_boundaries` must be a non-empty, strictly increasing "
-                f"list of positive ints. Received: {bucket_boundaries}."
-            )
-    if pad_to_bucket_boundary and bucket_boundaries is None:
-        raise ValueError(
-            "`pad_to_bucket_boundary=True` needs `bucket_boundaries` "
-            "(or `tokens_per_batch`)."
-        )
-    if pad_to_bucket_boundary and bucket_boundaries[-1] <= sequence_length:
-        raise ValueError(
-            "With `pad_to_bucket_boundary=True` the last boundary must be "
-            f"greater than sequence_length={sequence_length} so every example fits a "
-            f"bucket. Received: {bucket_boundaries}."
-        )
-
-    src_lines, tgt_lines = _read_pairs(src, tgt)
-    kept = [
-        (s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() and t.strip()
-    ]
-    src_lines = [s for s, _ in kept]
-    tgt_lines = [t for _, t in kept]
-    src_pad, tgt_pad = int(src_tokenizer.pad_id), int(tgt_tokenizer.pad_id)
-    src_end = int(src_tokenizer.end_id)
-    tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)
-
-    def tokenize_and_pack(src_batch, tgt_batch):
-        # Batched: ragged ops on a chunk are much faster than per example.
-        encoder_inputs = pack_source_ragged(
-            src_tokenizer.tokenize(src_batch), sequence_length, end_id=src_end
-        )
-        decoder_inputs, labels = pack_target_ragged(
-            tgt_tokenizer.tokenize(tgt_batch),
-            sequence_length + 1,
-            start_id=tgt_start,
-            end_id=tgt_end,
-        )
-        return encoder_inputs, decoder_inputs, labels
-
-    def not_empty(encoder_inputs, decoder_inputs, labels):
-        # Only the special id left: the side tokenized to nothing.
-        return tf.logical_and(
-            tf.size(encoder_inputs) > 1, tf.size(decoder_inputs) > 1
-        )
-
-    ds = tf.data.Dataset.from_tensor_slices(
-        (
-            tf.constant(src_lines, dtype=tf.string, shape=[len(src_lines)]),
-            tf.constant(tgt_lines, dtype=tf.string, shape=[len(tgt_lines)]),
-        )
+    bucket_boundaries = resolve_bucket_boundaries(
+        bucket_boundaries, sequence_length, tokens_per_batch, pad_to_bucket_boundary
     )
-    ds = ds.batch(_TOKENIZE_CHUNK).map(
-        tokenize_and_pack, num_parallel_calls=tf.data.AUTOTUNE
-    )
-    # Unbatched ragged rows have a RaggedTensorSpec of ragged_rank 0; the
-    # identity map turns them into plain tensors for padded batching.
-    ds = ds.unbatch().filter(not_empty)
-    ds = ds.map(
-        lambda *parts: tuple(tf.identity(p) for p in parts),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
+    src_lines, tgt_lines = read_pairs(src, tgt)
+    ds = tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length)
     if cache:
         ds = ds.cache()
     examples = ds
@@ -319,6 +420,7 @@ def make_dataset(
     if repeat:
         ds = ds.repeat()
 
+    src_pad, tgt_pad = int(src_tokenizer.pad_id), int(tgt_tokenizer.pad_id)
     padding_values = (
         tf.constant(src_pad, tf.int32),
         tf.constant(tgt_pad, tf.int32),
@@ -326,22 +428,9 @@ def make_dataset(
     )
 
     def batched(ds):
-        if bucket_boundaries is None:
-            return ds.padded_batch(batch_size, padding_values=padding_values)
-        uppers = [b - 1 for b in bucket_boundaries] + [sequence_length]
-        if tokens_per_batch is None:
-            batch_sizes = [batch_size] * len(uppers)
-        else:
-            batch_sizes = [
-                max(1, tokens_per_batch // max(1, upper)) for upper in uppers
-            ]
-        return ds.bucket_by_sequence_length(
-            element_length_func=lambda src, dec, lab: tf.maximum(
-                tf.shape(src)[0], tf.shape(dec)[0]
-            ),
-            bucket_boundaries=bucket_boundaries,
-            bucket_batch_sizes=batch_sizes,
-            padding_values=padding_values,
+        return batch_examples(
+            ds, padding_values, sequence_length=sequence_length, batch_size=batch_size,
+            tokens_per_batch=tokens_per_batch, bucket_boundaries=bucket_boundaries,
             pad_to_bucket_boundary=pad_to_bucket_boundary,
         )
 
