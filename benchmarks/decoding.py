@@ -71,12 +71,12 @@ class UncachedParts(TransformerParts):
     def decoding_weights(self):
         return None
 
-    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_mask, **kwargs):
+    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_outputs_mask, **kwargs):
         history = ops.slice_update(self_caches[0][0], [0, index], ops.expand_dims(token_ids, 1))
         encoder_outputs = cross_caches[0][0]
         x = self.decoder_embedding(history[:, : index + 1])
         for layer in self.decoder_layers:
-            x = layer(x, encoder_outputs, encoder_outputs_mask=encoder_mask)
+            x = layer(x, encoder_outputs, encoder_outputs_mask=encoder_outputs_mask)
         logits = self.logits_layer(x)[:, -1, :]
         return logits, [(history, history)]
 
@@ -135,7 +135,7 @@ def main():
     kernel, bias = model.get_layer("logits").get_weights()
     bias[END_ID] = -1e4  # never end early: every output has OUTPUT_TOKENS tokens
     model.get_layer("logits").set_weights([kernel, bias])
-    parts, uncached = TransformerParts(model), UncachedParts(model)
+    uncached = UncachedParts(model)
     rng = np.random.default_rng(0)
 
     def sources(batch):

@@ -207,7 +207,7 @@ def main():
     print(f"\nDecoding race: {len(lines)} test_2016_flickr sentences {source}->{target} at batch 32, "
           f"{min(len(lines), args.batch1_sentences)} at batch 1; beam {BEAM_SIZE}; medians of "
           f"{args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
-    print(f"| contender | batch 32, ms/sentence | batch 1, ms/sentence | x CT2 f32 @32 | x CT2 f32 @1 | BLEU | chrF |")
+    print("| contender | batch 32, ms/sentence | batch 1, ms/sentence | x CT2 f32 @32 | x CT2 f32 @1 | BLEU | chrF |")
     print("|---|---|---|---|---|---|---|")
     for contender in contenders:
         name = contender.name

@@ -6,8 +6,6 @@ Uses the generated toy corpus so that it runs anywhere; point `train_en` /
 `train_de` at your own aligned files (plain or .gz) for real data.
 """
 
-import keras
-
 import keras_transformer as kt
 from keras_transformer import fast_path
 from keras_transformer.data import make_synthetic_corpus

@@ -259,13 +259,13 @@ class Translator(tf.Module):
         end = self.tgt_tokenizer.end_id
         n = tokens.index(end) + 1 if end in tokens else len(tokens)
         parts = self._parts
-        encoder_outputs, encoder_mask = parts.encode(source_ids)
+        encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
         cross = parts.cross_caches(encoder_outputs)
         caches = parts.empty_self_caches(1, parts.target_sequence_length, encoder_outputs.dtype)
         rows = []
         for index, token in enumerate([self.tgt_tokenizer.start_id] + tokens[: n - 1]):
             _, caches, weights = parts.decode_step(
-                tf.constant([token], tf.int32), index, caches, cross, encoder_mask,
+                tf.constant([token], tf.int32), index, caches, cross, encoder_outputs_mask,
                 return_attention_scores=True,
             )
             rows.append(tf.cast(weights, tf.float32).numpy()[0])  # (heads, source_length)

@@ -115,15 +115,15 @@ def beam_search(
     # whose `n_best` are final leave the batch: later steps run on the others
     # only, and their results wait in the `out_*` tensors.
     compact = bool(getattr(parts, "growing_cache", False))
-    encoder_outputs, encoder_mask = parts.encode(source_ids)
+    encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
-    limits = decode_limits(encoder_mask, length, length_ratio, length_offset)
+    limits = decode_limits(encoder_outputs_mask, length, length_ratio, length_offset)
     # Repeat per beam: row b*k + j is beam j of sentence b.
     cross = flatten_caches([
         (ops.repeat(key, k, axis=0), ops.repeat(value, k, axis=0))
         for key, value in parts.cross_caches(encoder_outputs)
     ])
-    encoder_mask = ops.repeat(encoder_mask, k, axis=0)
+    encoder_outputs_mask = ops.repeat(encoder_outputs_mask, k, axis=0)
     caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
     weights = parts.decoding_weights()  # once, outside the loop
     positions = ops.arange(length, dtype="int32")
@@ -153,11 +153,11 @@ def beam_search(
         beyond_reach = ops.logical_and(finished, ops.greater(final, threshold))
         return ops.sum(ops.cast(beyond_reach, "int32"), axis=1) >= n_best
 
-    def step(t, last, sequences, scores, finished, lengths, caches, cross, encoder_mask, limits):
+    def step(t, last, sequences, scores, finished, lengths, caches, cross, encoder_outputs_mask, limits):
         """One position for every alive sentence: the new state."""
         n = ops.shape(scores)[0]
         logits, new_caches = parts.decode_step(
-            last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_mask, weights=weights
+            last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_outputs_mask, weights=weights
         )
         log_probs = suppress_ids(ops.log_softmax(logits, axis=-1), vocab, blocked)
         log_probs = ops.reshape(log_probs, (n, k, vocab))
@@ -192,7 +192,7 @@ def beam_search(
 
         def body(t, last, sequences, scores, finished, lengths, *caches):
             token, sequences, scores, finished, lengths, new_caches, rows = step(
-                t, last, sequences, scores, finished, lengths, caches, cross, encoder_mask, limits
+                t, last, sequences, scores, finished, lengths, caches, cross, encoder_outputs_mask, limits
             )
             rows = ops.reshape(rows, (-1,))
             new_caches = [ops.take(cache, rows, axis=0) for cache in new_caches]
@@ -219,9 +219,9 @@ def beam_search(
 
         def body(*state):
             (t, last, sequences, scores, finished, lengths, alive, out_seq, out_scores, out_lengths,
-             caches, cross, encoder_mask, limits) = split(state)
+             caches, cross, encoder_outputs_mask, limits) = split(state)
             token, sequences, scores, finished, lengths, new_caches, rows = step(
-                t, last, sequences, scores, finished, lengths, caches, cross, encoder_mask, limits
+                t, last, sequences, scores, finished, lengths, caches, cross, encoder_outputs_mask, limits
             )
             done = ops.logical_or(settled(scores, finished, lengths, limits), t + 1 >= length)
             # Results of the sentences that are done; the others go on.
@@ -249,7 +249,7 @@ def beam_search(
                 out_seq, out_scores, out_lengths,
                 *[ops.take(cache, beam_rows, axis=0) for cache in new_caches],
                 *[ops.take(c, kept_rows, axis=0) for c in cross],
-                ops.take(encoder_mask, kept_rows, axis=0),
+                ops.take(encoder_outputs_mask, kept_rows, axis=0),
                 ops.take(limits, keep, axis=0),
             )
 
@@ -259,7 +259,7 @@ def beam_search(
             cond,
             body,
             (ops.convert_to_tensor(0, "int32"), *shrinking, sequences, scores, lengths,
-             *caches, *[relax_batch(c) for c in cross], relax_batch(encoder_mask), relax_batch(limits)),
+             *caches, *[relax_batch(c) for c in cross], relax_batch(encoder_outputs_mask), relax_batch(limits)),
         )
         sequences, scores, lengths = outputs[7], outputs[8], outputs[9]
     normalised = scores / length_penalty_factor(lengths, length_penalty)

@@ -64,9 +64,9 @@ def greedy_search(
     blocked = (pad_id, start_id, *suppressed_ids)
     length = (parts.target_sequence_length if max_length is None
               else min(int(max_length), parts.target_sequence_length))
-    encoder_outputs, encoder_mask = parts.encode(source_ids)
+    encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
-    limits = decode_limits(encoder_mask, length, length_ratio, length_offset)
+    limits = decode_limits(encoder_outputs_mask, length, length_ratio, length_offset)
     cross = parts.cross_caches(encoder_outputs)
     weights = parts.decoding_weights()  # once, outside the loop
     positions = ops.arange(length, dtype="int32")
@@ -85,7 +85,7 @@ def greedy_search(
 
     def body(t, last, tokens, finished, scores, attention, *caches):
         outputs = parts.decode_step(
-            last, t, unflatten_caches(caches), cross, encoder_mask,
+            last, t, unflatten_caches(caches), cross, encoder_outputs_mask,
             return_attention_scores=return_attention, weights=weights,
         )
         logits, new_caches = outputs[0], outputs[1]

@@ -83,7 +83,7 @@ class TransformerParts:
             "logits": self.logits_layer.output_weights(),
         }
 
-    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_mask,
+    def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_outputs_mask,
                     return_attention_scores=False, weights=None):
         """One decoder position with the cache.
 
@@ -93,7 +93,7 @@ class TransformerParts:
             index: scalar int, their position.
             self_caches: list of `(key, value)` from `empty_self_caches`.
             cross_caches: list of `(key, value)` from `cross_caches`.
-            encoder_mask: bool `(batch, S)`.
+            encoder_outputs_mask: bool `(batch, S)`.
             weights: `decoding_weights()`; computed here if omitted.
 
         Returns:
@@ -102,7 +102,7 @@ class TransformerParts:
         """
         weights = weights or self.decoding_weights()
         masks = cached_step_masks(
-            index, ops.shape(self_caches[0][0])[-1], encoder_mask, growing=self.growing_cache
+            index, ops.shape(self_caches[0][0])[-1], encoder_outputs_mask, growing=self.growing_cache
         )
         # The ids are the search's own outputs (and its start id, checked
         # once by the search): no range check on this per-step path.
@@ -116,7 +116,7 @@ class TransformerParts:
         ):
             outputs = layer(
                 x,
-                encoder_outputs_mask=encoder_mask,
+                encoder_outputs_mask=encoder_outputs_mask,
                 self_attention_cache=self_cache,
                 self_attention_cache_update_index=index,
                 cross_attention_cache=cross_cache,

@@ -17,7 +17,7 @@ from keras_transformer.layers.residual import residual
 from keras_transformer.layers.transformer_block import TransformerBlock
 
 
-def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
+def cached_step_masks(index, cache_length, encoder_outputs_mask=None, growing=False):
     """The masks of one cached decoding step, shared by all decoder layers.
 
     `TransformerDecoder` builds them itself from
@@ -28,7 +28,7 @@ def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
     Args:
         index: scalar int, position of the new token.
         cache_length: int, slots in the self-attention cache.
-        encoder_mask: optional bool `(batch, source_length)`.
+        encoder_outputs_mask: optional bool `(batch, source_length)`.
         growing: the caches hold positions `0..index - 1` only and the new
             key and value are appended (`decoding.growing_cache`): then
             `"slot"` and `"self"` are None.
@@ -45,10 +45,10 @@ def cached_step_masks(index, cache_length, encoder_mask=None, growing=False):
         positions = ops.arange(cache_length, dtype="int32")
         masks["slot"] = ops.equal(positions, index)
         masks["self"] = ops.less_equal(positions, index)
-    if encoder_mask is not None:
-        encoder_mask = ops.cast(encoder_mask, "bool")
-        masks["cross"] = ops.expand_dims(encoder_mask, 1)
-        masks["keep"] = ops.any(encoder_mask, axis=-1)[:, None, None]
+    if encoder_outputs_mask is not None:
+        encoder_outputs_mask = ops.cast(encoder_outputs_mask, "bool")
+        masks["cross"] = ops.expand_dims(encoder_outputs_mask, 1)
+        masks["keep"] = ops.any(encoder_outputs_mask, axis=-1)[:, None, None]
     return masks
 
 
@@ -384,7 +384,7 @@ class TransformerDecoder(TransformerBlock):
         )
         return (outputs[0], *outputs[1], *outputs[2:])
 
-    def _call_with_cache(self, inputs, encoder_outputs, encoder_mask, self_cache, index,
+    def _call_with_cache(self, inputs, encoder_outputs, encoder_outputs_mask, self_cache, index,
                          cross_cache, return_attention_scores, weights, masks):
         """One new target position against the caches (see the class
         docstring); no dropout."""
@@ -412,7 +412,7 @@ class TransformerDecoder(TransformerBlock):
         heads, key_dim = self.num_heads, self.key_dim
         batch = ops.shape(inputs)[0]
         if masks is None:
-            masks = cached_step_masks(index, ops.shape(self_key_cache)[-1], encoder_mask)
+            masks = cached_step_masks(index, ops.shape(self_key_cache)[-1], encoder_outputs_mask)
         slot = masks["slot"]
         caches = {}
 
