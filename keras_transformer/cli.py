@@ -1,4 +1,4 @@
-"""`keras-transformer`: train, evaluate, translate, export, demo.
+"""`keras-transformer`: train, evaluate, translate, export, average, build-kernels, demo.
 
 Run `keras-transformer COMMAND --help` for the options of each command.
 """
@@ -190,8 +190,9 @@ def _translator(args):
     elif search == "beam" and settings["beam_size"] < 2:
         raise ValueError("--search beam needs --beam-size 2 or more (1 is --search greedy).")
     if settings["beam_size"] == 1 and args.length_penalty is not None:
+        given = "--search greedy" if search == "greedy" else "--beam-size 1"
         raise ValueError(
-            "--length-penalty has no effect with --beam-size 1 (greedy decoding ranks "
+            f"--length-penalty has no effect with {given} (greedy decoding ranks "
             "nothing); drop one of them."
         )
     model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
@@ -279,6 +280,11 @@ def cmd_translate(args):
                 raise ValueError(
                     f"text argument {number} is not UTF-8 text; pass UTF-8 text (or lines on stdin)."
                 ) from None
+            if os.path.isfile(line):
+                print(f"keras-transformer translate: text argument {number} ({line!r}) is the name "
+                      "of a file; it is translated as text. To translate the file's lines, pass "
+                      f"it on stdin: keras-transformer translate ... < {shlex.quote(line)}",
+                      file=sys.stderr)
     else:
         from keras_transformer.data.text_files import read_text_lines
 

@@ -93,9 +93,14 @@ def load_run(output_dir, which="best"):
     """
     config_path = os.path.join(output_dir, "config.json")
     if not os.path.exists(config_path):
+        inside = sorted(
+            os.path.join(output_dir, name) for name in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
+            if os.path.exists(os.path.join(output_dir, name, "config.json"))
+        )
+        hint = f" It holds the run folder(s) {', '.join(inside)}." if inside else ""
         raise FileNotFoundError(
             f"{output_dir} is not a training run folder (no config.json); "
-            "pass the --output-dir of `keras-transformer train`."
+            f"pass the --output-dir of `keras-transformer train`.{hint}"
         )
     with open(config_path) as f:
         config = json.load(f)

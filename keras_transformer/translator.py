@@ -359,6 +359,7 @@ class Translator(tf.Module):
 
 
 def _check_lines(lines, batch_size):
+    """`lines` as a list of `str` (any iterable of `str` is taken)."""
     if isinstance(lines, (str, bytes)):
         raise TypeError(
             "translate_lines takes a list of sentences, not one string; "
@@ -366,6 +367,19 @@ def _check_lines(lines, batch_size):
         )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be a positive int; got {batch_size!r}.")
+    try:
+        lines = list(lines)
+    except TypeError:
+        raise TypeError(
+            f"translate_lines takes a list of sentences (str); got {type(lines).__name__}."
+        ) from None
+    for i, line in enumerate(lines):
+        if not isinstance(line, str):
+            raise TypeError(
+                f"translate_lines takes sentences as str; item {i} is "
+                f"{type(line).__name__} ({line!r:.40}). Pass '' for an empty line."
+            )
+    return lines
 
 
 def _by_length(rows_of, lines, batch_size, progress):
@@ -402,10 +416,11 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
         list of `str`, aligned with `lines`.
 
     Raises:
-        TypeError: if `lines` is one string rather than a list.
+        TypeError: if `lines` is one string rather than a list, or holds an
+            item that is not a `str`.
         ValueError: if `batch_size` is not a positive int.
     """
-    _check_lines(lines, batch_size)
+    lines = _check_lines(lines, batch_size)
     return _by_length(
         lambda batch: [t.decode("utf-8") for t in serve(batch).numpy()], lines, batch_size, progress
     )
@@ -432,7 +447,7 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64):
         TypeError, ValueError: as `translate_lines`, and a ValueError when
             the search keeps fewer than `n` hypotheses.
     """
-    _check_lines(lines, batch_size)
+    lines = _check_lines(lines, batch_size)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"`n` must be a positive int; got {n!r}.")
 

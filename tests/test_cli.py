@@ -87,6 +87,12 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "nope" in err and "not a training run folder" in err
+    # The folder above a run (the demo's runs/demo) names the run inside it.
+    (tmp_path / "demo" / "run").mkdir(parents=True)
+    (tmp_path / "demo" / "run" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main(["translate", "--run", str(tmp_path / "demo"), "A dog."])
+    assert f"It holds the run folder(s) {tmp_path / 'demo' / 'run'}" in capsys.readouterr().err
 
 
 def test_missing_saved_model_folder_is_a_clear_error(tmp_path, capsys):
@@ -123,6 +129,12 @@ def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
 
     with pytest.raises(ValueError, match="`batch_size` must be a positive int; got 0"):
         translate_lines(lambda batch: batch, ["a"], batch_size=0)
+    # Items that are not str say which one; any iterable of str is taken.
+    with pytest.raises(TypeError, match="item 1 is NoneType"):
+        translate_lines(lambda batch: batch, ["a", None])
+    with pytest.raises(TypeError, match="item 0 is bytes"):
+        translate_lines(lambda batch: batch, [b"a"])
+    assert translate_lines(lambda batch: batch, (s for s in ["bb", "a"])) == ["bb", "a"]
     with pytest.raises(ValueError, match="`epochs` must be a positive integer; got 0"):
         train(TrainingConfig(train_src="s", train_tgt="t", epochs=0,
                              output_dir=str(tmp_path / "run")))
@@ -288,6 +300,21 @@ def test_translate_reads_stdin_lines_as_the_file_readers_do(monkeypatch, capsys)
     assert capsys.readouterr().out.split("\n") == ["A dog runs.", "", " Zwei  Männer ", "last", ""]
 
 
+def test_a_file_name_as_text_is_translated_with_a_hint_to_use_stdin(monkeypatch, capsys, tmp_path):
+    """A new user passed a file as the text argument: its name was translated,
+    silently. It still is (it is text), with a note on stderr."""
+    import keras_transformer.cli as cli
+
+    monkeypatch.setattr(cli, "_translate_fn", lambda args: lambda batch: batch)
+    path = tmp_path / "test.en"
+    path.write_text("A dog.\n")
+    main(["translate", "--saved-model", "unused", "A dog.", str(path)])
+    captured = capsys.readouterr()
+    assert captured.out.split("\n") == ["A dog.", str(path), ""]
+    assert "text argument 2" in captured.err and "pass it on stdin" in captured.err
+    assert "text argument 1" not in captured.err
+
+
 def test_non_utf8_stdin_and_arguments_are_clear_errors(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         _echo_translate(monkeypatch, b"Caf\xe9 au lait\n")
@@ -330,6 +357,9 @@ def test_greedy_with_a_length_penalty_is_refused(tmp_path, capsys):
         assert info.value.code == 1
         err = capsys.readouterr().err
         assert "--length-penalty has no effect with --beam-size 1" in err, err
+    with pytest.raises(SystemExit):
+        main(["translate", "--run", str(tmp_path), "--search", "greedy", "--length-penalty", "0.9", "A"])
+    assert "--length-penalty has no effect with --search greedy" in capsys.readouterr().err
 
 
 def test_export_does_not_silently_replace_a_folder(tmp_path, capsys):
