@@ -399,7 +399,9 @@ def cmd_demo(args):
     model, src, tgt = train(config, verbose=2)
     translator = Translator(model, src, tgt, beam_size=4)
     print("[3/4] Evaluating on the generated validation set")
-    scores = evaluate_files(lambda batch: translator.serve(batch)["translation"], config.val_src, config.val_tgt)
+    with contextlib.redirect_stdout(sys.stderr):  # the progress bar, as `evaluate` shows it
+        scores = evaluate_files(lambda batch: translator.serve(batch)["translation"], config.val_src,
+                                config.val_tgt)
     print(f"      BLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}")
     path = export_translator(translator, os.path.join(out, "saved_model"))
     print(f"[4/4] Exported the translator to {path}; translations:")
