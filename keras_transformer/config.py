@@ -6,6 +6,7 @@ show its defaults in `--help` without starting a backend.
 """
 
 import dataclasses
+import os
 
 
 @dataclasses.dataclass
@@ -207,3 +208,25 @@ def check_config_values(values, where):
                 f"({type(value).__name__})" + (" (write true or false, unquoted)." if kind is bool else ".")
             )
     return values
+
+
+def check_run_folder(path):
+    """Raise unless `path` is a run folder written by `train` (it holds
+    `config.json`); TensorFlow-free, so the command line says it at once.
+
+    Raises:
+        FileNotFoundError: naming the run folders inside `path`, if any (the
+            demo writes its run to `runs/demo/run`).
+    """
+    if os.path.exists(os.path.join(path, "config.json")):
+        return
+    inside = sorted(
+        os.path.join(path, name) for name in (os.listdir(path) if os.path.isdir(path) else [])
+        if os.path.exists(os.path.join(path, name, "config.json"))
+    )
+    hint = f" It holds the run folder(s) {', '.join(inside)}." if inside else ""
+    raise FileNotFoundError(
+        f"{path} is not a training run folder (no config.json); "
+        f"pass the --output-dir of `keras-transformer train`.{hint}"
+    )
+

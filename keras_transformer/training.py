@@ -33,6 +33,7 @@ from keras_transformer.checkpoints import select_checkpoints
 from keras_transformer.config import TrainingConfig  # noqa: F401 (public here too)
 from keras_transformer.config import check_config_values  # noqa: F401
 from keras_transformer.config import read_config_file  # noqa: F401
+from keras_transformer.config import check_run_folder
 from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
@@ -91,17 +92,8 @@ def load_run(output_dir, which="best"):
         FileNotFoundError: if the folder holds no trained model.
         ValueError: if the model file exists but cannot be loaded.
     """
+    check_run_folder(output_dir)
     config_path = os.path.join(output_dir, "config.json")
-    if not os.path.exists(config_path):
-        inside = sorted(
-            os.path.join(output_dir, name) for name in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
-            if os.path.exists(os.path.join(output_dir, name, "config.json"))
-        )
-        hint = f" It holds the run folder(s) {', '.join(inside)}." if inside else ""
-        raise FileNotFoundError(
-            f"{output_dir} is not a training run folder (no config.json); "
-            f"pass the --output-dir of `keras-transformer train`.{hint}"
-        )
     with open(config_path) as f:
         config = json.load(f)
     model_settings = config.get("model", {})
