@@ -229,4 +229,3 @@ def check_run_folder(path):
         f"{path} is not a training run folder (no config.json); "
         f"pass the --output-dir of `keras-transformer train`.{hint}"
     )
-
