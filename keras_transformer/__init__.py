@@ -35,6 +35,8 @@ _NEUTRAL = {
     "PRESETS": "keras_transformer.models",
     "build_from_preset": "keras_transformer.models",
     "build_transformer": "keras_transformer.models",
+    "Transformer": "keras_transformer.models",
+    "as_transformer": "keras_transformer.models",
     "Adam": "keras_transformer.optimizers",
     "WarmupSchedule": "keras_transformer.schedules",
     "TrainingConfig": "keras_transformer.config",

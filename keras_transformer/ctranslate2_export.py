@@ -32,6 +32,7 @@ import numpy as np
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 from keras_transformer.loading import SavedModelContents
 from keras_transformer.loading import read_saved_model
+from keras_transformer.models.conversion import as_transformer
 
 METADATA_FILE = "keras_transformer.json"  # what CTranslate2Translator reads
 FORMAT = "keras_transformer.ctranslate2"
@@ -51,17 +52,16 @@ def _require_ctranslate2():
     return ctranslate2
 
 
-def _from_model(model, src_tokenizer, tgt_tokenizer, source_sequence_length=None):
-    config = model.get_layer("encoder_layer_0").get_config()
-    positions = [layer.get_config().get("sequence_length") for layer in model.layers
-                 if layer.name.endswith("_embedding")]
+def _from_model(model, src_tokenizer, tgt_tokenizer):
+    model = as_transformer(model)
+    config = model.encoder_layers[0].get_config()
     return SavedModelContents(
         {weight.path: _value(weight) for weight in model.weights},
         src_tokenizer.proto,
         tgt_tokenizer.proto,
         src_tokenizer.lowercase,
         _special_ids(tgt_tokenizer),
-        max(p for p in positions if p) if any(positions) else source_sequence_length,
+        model.sequence_length,
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
         activation=config.get("activation", "relu"),
     )

@@ -90,7 +90,7 @@ def with_weights_dtype(model, weights_dtype):
 def _model_settings(translator):
     """What rebuilding the model from the SavedModel's variables needs
     beyond their names and shapes (`loading.read_saved_model`)."""
-    block = translator.model.get_layer("encoder_layer_0")
+    block = translator.model.encoder_layers[0]
     activation = keras.activations.serialize(block.activation)
     return {
         "sequence_length": int(translator._parts.target_sequence_length),

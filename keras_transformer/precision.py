@@ -139,15 +139,22 @@ def with_dtype_policy(model, policy, weights=None):
     """A copy of the functional `model` whose layers use `policy`.
 
     Args:
-        model: a functional `keras.Model` (as `build_transformer` returns).
+        model: a `Transformer` (as `build_transformer` returns) or another
+            functional `keras.Model`.
         policy: a dtype policy name or `keras.DTypePolicy`.
         weights: the copy's weights (a list of arrays); `model`'s by default.
 
     Returns:
-        A new functional model with `model`'s layer names and weights.
+        A new model of `model`'s class, with its layer names and weights.
     """
     import keras
 
+    from keras_transformer.models.transformer import Transformer
+
+    if isinstance(model, Transformer):
+        copy = Transformer(**{**model.get_config(), "dtype": policy})
+        copy.set_weights(model.get_weights() if weights is None else weights)
+        return copy
 
     def clone(layer):
         config = layer.get_config()

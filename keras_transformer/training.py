@@ -40,10 +40,11 @@ from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.metrics import MaskedAccuracy
+from keras_transformer.models.conversion import as_transformer
+from keras_transformer.models.conversion import copy_weights
 from keras_transformer.models.transformer import TIE_EMBEDDINGS
 from keras_transformer.models.transformer import build_transformer
 from keras_transformer.models.transformer import check_sizes
-from keras_transformer.models.transformer import embedding_layers
 from keras_transformer.optimizers import Adam
 from keras_transformer import fast_path
 from keras_transformer.precision import precision_source
@@ -107,7 +108,8 @@ def load_run(output_dir, which="best"):
         path = os.path.join(output_dir, name)
         if os.path.exists(path):
             try:
-                model = keras.saving.load_model(path, compile=False)
+                # A run saved by an earlier version holds a plain functional model.
+                model = as_transformer(keras.saving.load_model(path, compile=False))
             except (ValueError, OSError) as error:
                 # Keras reports a truncated zip as "File not found".
                 raise ValueError(
@@ -145,7 +147,7 @@ class _Timer(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps,
                   # A resumed run may change precision; config.json keeps the latest.
-                  "precision": embedding_layers(self.model)[2].dtype_policy.name}
+                  "precision": self.model.logits_layer.dtype_policy.name}
         record.update({k: float(v) for k, v in (logs or {}).items() if math.isfinite(float(v))})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -491,7 +493,7 @@ def _finish(config, model, out, src_tok, tgt_tok, verbose, fit=True):
     """After training: `averaged.keras` from the last `average_last` epoch
     checkpoints, where asked for. Returns `(model, src_tok, tgt_tok)`."""
     if not fit:  # the weights alone (the optimizer of model.keras is not this one's)
-        model.set_weights(keras.saving.load_model(os.path.join(out, "model.keras"), compile=False).get_weights())
+        copy_weights(keras.saving.load_model(os.path.join(out, "model.keras"), compile=False), model)
     if config.average_last:
         paths = select_checkpoints(out, last=config.average_last)
         trained = model.get_weights()

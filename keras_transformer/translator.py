@@ -13,6 +13,7 @@ from keras_transformer.decoding import strategies
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.precision import compute_dtype
 from keras_transformer.tokenizers.normalization import normalize_text
+from keras_transformer.models.conversion import as_transformer
 from keras_transformer.precision import with_dtype_policy
 
 
@@ -129,6 +130,7 @@ class Translator(tf.Module):
         # Decoding runs in float32: a model trained under a mixed-precision
         # policy is copied with float32 compute (its variables are float32
         # already, so the weights are the same numbers).
+        model = as_transformer(model)  # one saved by an earlier version
         if compute_dtype(model) != "float32":
             model = with_dtype_policy(model, "float32")
         self.model = model

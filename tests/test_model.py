@@ -338,3 +338,113 @@ def test_fast_path_fit_logs_the_loss_and_accuracy_that_evaluate_gives(monkeypatc
         fast_path.attach(other)
     plain = model.fit(x, labels, batch_size=3, epochs=1, verbose=0).history
     assert plain["loss"][0] == pytest.approx(evaluated["loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(),
+    dict(tie_embeddings="all", norm_first=True, num_decoder_layers=1),
+    dict(tie_embeddings="target"),
+], ids=["untied", "all-tied-pre-ln", "target-tied"])
+def test_model_decodes_step_by_step_as_its_full_call(settings):
+    """The model's own `call_encoder` and `call_decoder_with_cache`, one
+    position at a time, give the full model's logits at every position."""
+    if settings.get("tie_embeddings") == "all":
+        keras.utils.set_random_seed(0)
+        model = build_transformer(40, 40, num_layers=2, d_model=16, num_heads=2, dff=32,
+                                  dropout_rate=0.0, sequence_length=12, **settings)
+    else:
+        model = small_model(**settings)
+    assert model.encoder_layers and len(model.decoder_layers) == settings.get("num_decoder_layers", 2)
+    assert set(map(id, model.layers)) >= set(map(id, model.encoder_layers + model.decoder_layers))
+    source = np.array([[5, 6, 7, END, PAD], [8, 9, END, PAD, PAD]], "int32")
+    target = np.array([[START, 8, 9, 10], [START, 11, 12, 13]], "int32")
+    full = to_numpy(model(inputs(source, target)))
+    encoder_outputs, mask = model.call_encoder(source)
+    assert to_numpy(mask).tolist() == (source != PAD).tolist()
+    cross = model.compute_cross_attention_caches(encoder_outputs)
+    caches = model.empty_self_attention_caches(2, 12)
+    weights = model.decoding_weights()
+    for t in range(target.shape[1]):
+        logits, caches = model.call_decoder_with_cache(
+            target[:, t], caches, t, cross, mask, decoding_weights=weights)
+        np.testing.assert_allclose(to_numpy(logits), full[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_model_config_round_trip_and_keras_file(tmp_path):
+    """`Transformer.from_config(get_config())` is the same architecture, and a
+    `.keras` file loads back as a `Transformer` with the same outputs."""
+    from keras_transformer import Transformer
+
+    model = small_model(tie_embeddings="target", norm_first=True, activation="gelu",
+                        attention_dropout_rate=0.05, dtype="float32", name="round_trip")
+    config = model.get_config()
+    assert config["tie_embeddings"] == "target" and config["activation"] == "gelu"
+    copy = Transformer.from_config(config)
+    assert copy.get_config() == config
+    assert [w.path for w in copy.weights] == [w.path for w in model.weights]
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert type(restored) is Transformer and restored.get_config() == config
+    x = inputs([[5, 6, END, PAD]], [[START, 8, 9]])
+    np.testing.assert_allclose(to_numpy(restored(x)), to_numpy(model(x)), atol=1e-6)
+
+
+def test_a_model_saved_by_an_earlier_version_converts(tmp_path):
+    """Earlier versions built a plain functional model with the same layer
+    names: its weight files have the same paths, and `as_transformer`
+    rebuilds it as a `Transformer` with the same outputs."""
+    import h5py
+
+    from keras_transformer import Transformer
+    from keras_transformer import as_transformer
+    from keras_transformer.decoding import TransformerParts
+
+    model = small_model(norm_first=True)
+    old = keras.Model(model.inputs, model.outputs, name=model.name)  # what earlier versions built
+    assert type(old) is not Transformer
+    new_path, old_path = (os.path.join(tmp_path, f"{n}.weights.h5") for n in ("new", "old"))
+    model.save_weights(new_path)
+    old.save_weights(old_path)
+
+    def keys(path):
+        found = []
+        with h5py.File(path) as f:
+            f.visit(found.append)
+        return found
+
+    assert keys(new_path) == keys(old_path)
+    keras_path = os.path.join(tmp_path, "old.keras")
+    old.save(keras_path)
+    loaded = keras.saving.load_model(keras_path)
+    assert type(loaded) is not Transformer
+    converted = as_transformer(loaded)
+    assert type(converted) is Transformer and as_transformer(converted) is converted
+    assert converted.get_config() == {**model.get_config(), "dtype": converted.get_config()["dtype"]}
+    x = inputs([[5, 6, 7, END, PAD]], [[START, 8, 9]])
+    np.testing.assert_allclose(to_numpy(converted(x)), to_numpy(model(x)), atol=1e-6)
+    # An old weights file loads into a new model unchanged.
+    keras.utils.set_random_seed(1)
+    fresh = build_transformer(30, 40, num_layers=2, d_model=16, num_heads=2, dff=32,
+                              dropout_rate=0.0, sequence_length=12, norm_first=True)
+    fresh.load_weights(old_path)
+    np.testing.assert_allclose(to_numpy(fresh(x)), to_numpy(model(x)), atol=1e-6)
+    assert TransformerParts(loaded).model.get_config()["num_layers"] == 2
+    with pytest.raises(ValueError, match="Expected a keras_transformer Transformer"):
+        as_transformer(keras.Sequential([keras.layers.Dense(2)]))
+    with pytest.raises(ValueError, match="pads with id 5"):
+        TransformerParts(model, pad_id=5)
+    if keras.backend.backend() == "tensorflow":
+        from keras_transformer.fast_path.forward import TrainingForward
+
+        with pytest.raises(ValueError, match="converts with keras_transformer.as_transformer"):
+            TrainingForward(loaded)
+
+
+def test_copy_weights_refuses_another_architecture():
+    from keras_transformer.models import copy_weights
+
+    with pytest.raises(ValueError, match="weights differ"):
+        copy_weights(small_model(), small_model(num_layers=1))
+    with pytest.raises(ValueError, match="shape"):
+        copy_weights(small_model(), small_model(d_model=8, num_heads=2))

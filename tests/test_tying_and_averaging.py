@@ -15,7 +15,6 @@ from keras_transformer.checkpoints import average_weights
 from keras_transformer.checkpoints import select_checkpoints
 from keras_transformer.decoding import TransformerParts
 from keras_transformer.layers import FeedForward
-from keras_transformer.models import embedding_layers
 
 SIZES = dict(num_layers=1, d_model=16, num_heads=2, dff=32, sequence_length=12)
 INPUTS = {"encoder_inputs": np.array([[5, 6, 7, 0], [8, 9, 0, 0]], "int32"),
@@ -35,7 +34,7 @@ def test_tied_logits_are_the_embedding_transposed():
     """The logits of a tied model are the decoder output times E^T, with the
     table the embedding multiplies by sqrt(d_model): one matrix."""
     model = build_transformer(40, 40, tie_embeddings="all", **SIZES)
-    encoder, decoder, output = embedding_layers(model)
+    encoder, decoder, output = model.encoder_embedding, model.decoder_embedding, model.logits_layer
     assert encoder is decoder is output
     logits = to_numpy(model(INPUTS))
     hidden_model = keras.Model(model.inputs, model.get_layer("decoder_layer_0").output)
@@ -64,7 +63,7 @@ def test_tied_gradient_is_one_sum_of_three_paths():
     import tensorflow as tf
 
     model = build_transformer(40, 40, tie_embeddings="all", dropout_rate=0.0, **SIZES)
-    variable = embedding_layers(model)[0].token_embedding.embeddings
+    variable = model.encoder_embedding.token_embedding.embeddings
     assert sum(v is variable for v in model.trainable_variables) == 1
     table = variable.value  # the tf.Variable
     with tf.GradientTape() as tape:

@@ -16,7 +16,7 @@ from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
 from keras_transformer.layers.transformer_decoder import check_same_batch
-from keras_transformer.models.transformer import TransformerLayers
+from keras_transformer.models.transformer import Transformer
 
 
 def _matmul(x, kernel, bias):
@@ -124,10 +124,11 @@ def decoder_block(block, y, unpadding, self_mask, memory, memory_unpadding, cros
 
 
 class TrainingForward:
-    """The training forward pass of a `build_transformer` model.
+    """The training forward pass of a `Transformer`.
 
     Args:
-        model: a model from `build_transformer` (or loaded from `.keras`).
+        model: a `Transformer` (from `build_transformer`); its layers are
+            read through its attributes.
 
     Call arguments:
         source_ids: int `(batch, source_length)`.
@@ -140,11 +141,18 @@ class TrainingForward:
         target_length, vocab_size)` with zeros at padding.
 
     Raises:
-        ValueError: for a model not made by `build_transformer`.
+        ValueError: for a model that is not a `Transformer`.
     """
 
     def __init__(self, model):
-        self.layers = TransformerLayers(model)
+        if not isinstance(model, Transformer):
+            raise ValueError(
+                f"The training fast path runs a keras_transformer Transformer (from "
+                f"build_transformer); got {type(model).__name__} {getattr(model, 'name', '')!r}. "
+                "A model saved by an earlier version converts with "
+                "keras_transformer.as_transformer(model)."
+            )
+        self.layers = model
         self.pad_id = self.layers.decoder_embedding.pad_id or 0
 
     def _embed(self, embedding, dropout, ids, unpadding):

@@ -1,13 +1,16 @@
 """The encoder-decoder Transformer, assembled with the functional API."""
 
 import keras
+from keras import ops
 
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_normalization import LayerNormalization
+from keras_transformer.layers.masks import padding_mask
 from keras_transformer.layers.output_projection import OutputProjection
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.transformer_decoder import TransformerDecoder
+from keras_transformer.layers.transformer_decoder import cached_step_masks
 from keras_transformer.layers.transformer_encoder import TransformerEncoder
 from keras_transformer.models.presets import get_preset
 
@@ -15,71 +18,6 @@ ENCODER_INPUTS = "encoder_inputs"
 DECODER_INPUTS = "decoder_inputs"
 # What `tie_embeddings` shares (OpenNMT-tf's EmbeddingsSharingLevel).
 TIE_EMBEDDINGS = ("none", "target", "all")
-
-
-def embedding_layers(model):
-    """`(encoder_embedding, decoder_embedding, output_layer)` of a
-    `build_transformer` model; tied weights make two or three of them one
-    `PositionalEmbedding` (see `tie_embeddings`).
-
-    Raises:
-        ValueError: if `model` lacks the layers `build_transformer` names.
-    """
-    layers = {layer.name: layer for layer in model.layers}
-    shared = layers.get("shared_embedding")
-    encoder = layers.get("encoder_embedding", shared)
-    decoder = layers.get("decoder_embedding", shared)
-    output = layers.get("logits", decoder)
-    if encoder is None or decoder is None:
-        raise ValueError(
-            "Decoding needs a model made by keras_transformer.build_transformer "
-            "(layers encoder_embedding, decoder_embedding and logits, or "
-            f"shared_embedding); {model.name!r} has {sorted(layers)}."
-        )
-    return encoder, decoder, output
-
-
-class TransformerLayers:
-    """The layers of a `build_transformer` model, in the order they run.
-
-    The one place that knows `build_transformer`'s layer names; step-by-step
-    decoding (`decoding.model_parts`) and the training fast path
-    (`keras_transformer.fast_path`) both read the model through it.
-
-    Attributes:
-        encoder_embedding, decoder_embedding: `PositionalEmbedding` (one
-            layer under `tie_embeddings="all"`).
-        logits_layer: the `OutputProjection`, or the decoder embedding when
-            it is tied to the output.
-        encoder_embedding_dropout, decoder_embedding_dropout: their
-            `keras.layers.Dropout` layers.
-        encoder_layers, decoder_layers: lists of `TransformerEncoder` and
-            `TransformerDecoder` blocks.
-        encoder_final_norm, decoder_final_norm: `LayerNormalization` of
-            pre-LN stacks, else None.
-
-    Raises:
-        ValueError: if `model` lacks the layers `build_transformer` names.
-    """
-
-    def __init__(self, model):
-        self.encoder_embedding, self.decoder_embedding, self.logits_layer = (
-            embedding_layers(model)
-        )
-        layers = {layer.name: layer for layer in model.layers}
-        names = [layer.name for layer in model.layers]
-        self.encoder_layers = [layers[n] for n in names if n.startswith("encoder_layer_")]
-        self.decoder_layers = [layers[n] for n in names if n.startswith("decoder_layer_")]
-        if not self.encoder_layers or not self.decoder_layers:
-            raise ValueError(
-                "Expected a model made by keras_transformer.build_transformer, with "
-                f"layers encoder_layer_0... and decoder_layer_0...; {model.name!r} has "
-                f"{sorted(layers)}."
-            )
-        self.encoder_embedding_dropout = layers.get("encoder_embedding_dropout")
-        self.decoder_embedding_dropout = layers.get("decoder_embedding_dropout")
-        self.encoder_final_norm = layers.get("encoder_final_norm")
-        self.decoder_final_norm = layers.get("decoder_final_norm")
 
 
 def check_sizes(**sizes):
@@ -105,6 +43,350 @@ def check_sizes(**sizes):
             f"num_heads={num_heads} must divide d_model={d_model}; the paper "
             "uses d_model=512 with 8 heads (64 dimensions per head)."
         )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The paper's encoder-decoder Transformer: a functional `keras.Model`
+    that owns its layers and its step-by-step decoding calls.
+
+    Encoder: `PositionalEmbedding` -> dropout -> `num_layers` x
+    `TransformerEncoder`. Decoder: `PositionalEmbedding` -> dropout ->
+    `num_decoder_layers` x `TransformerDecoder` (each attending to the
+    encoder output) -> `OutputProjection` to target-vocabulary logits
+    (figure 1). Padding masks are derived from the inputs (`pad_id`) inside
+    the model, so callers pass token ids only. Construct it with
+    `build_transformer` (same arguments), which documents them.
+
+    As KerasHub's backbones do, the model keeps its layers as attributes
+    (`encoder_embedding`, `decoder_embedding`, `logits_layer`,
+    `encoder_embedding_dropout`, `decoder_embedding_dropout`,
+    `encoder_layers`, `decoder_layers`, `encoder_final_norm`,
+    `decoder_final_norm`), and decoding goes through `call_encoder` and
+    `call_decoder_with_cache` (as KerasHub's seq2seq models).
+
+    Call: `{"encoder_inputs": int32 (batch, src_len), "decoder_inputs":
+    int32 (batch, tgt_len)}` -> float32 logits `(batch, tgt_len,
+    tgt_vocab_size)`.
+
+    Example:
+    >>> model = Transformer(100, 120, num_layers=1, d_model=16, num_heads=2,
+    ...                     dff=32, sequence_length=10)
+    >>> outputs, mask = model.call_encoder(np.array([[5, 6, 0]]))
+    >>> tuple(outputs.shape), mask.numpy().tolist()
+    ((1, 3, 16), [[True, True, False]])
+    >>> caches = model.empty_self_attention_caches(1, 10)
+    >>> logits, caches = model.call_decoder_with_cache(
+    ...     np.array([2]), caches, 0, model.compute_cross_attention_caches(outputs), mask)
+    >>> tuple(logits.shape)
+    (1, 120)
+
+    References:
+        Vaswani et al. (2017), section 3 and figure 1.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size,
+        tgt_vocab_size,
+        num_layers=6,
+        d_model=512,
+        num_heads=8,
+        dff=2048,
+        dropout_rate=0.1,
+        sequence_length=256,
+        *,
+        attention_dropout_rate=None,
+        activation_dropout_rate=0.0,
+        tie_embeddings="none",
+        num_decoder_layers=None,
+        pad_id=0,
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        activation="relu",
+        dtype=None,
+        name="transformer",
+        **kwargs,
+    ):
+        num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+        if attention_dropout_rate is None:
+            attention_dropout_rate = dropout_rate
+        check_sizes(
+            src_vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            num_layers=num_layers,
+            num_decoder_layers=num_decoder_layers,
+            d_model=d_model,
+            num_heads=num_heads,
+            dff=dff,
+            sequence_length=sequence_length,
+        )
+        if tie_embeddings not in TIE_EMBEDDINGS:
+            raise ValueError(
+                f"tie_embeddings must be one of {TIE_EMBEDDINGS}; got {tie_embeddings!r}."
+            )
+        if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                "tie_embeddings='all' shares one table between source and target, so "
+                f"the vocabularies must be one: got src_vocab_size={src_vocab_size} and "
+                f"tgt_vocab_size={tgt_vocab_size}. Train one shared tokenizer "
+                "(train --shared-vocab), or tie only the target side ('target')."
+            )
+        block_args = dict(
+            num_heads=num_heads,
+            dff=dff,
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            activation_dropout_rate=activation_dropout_rate,
+            activation=activation,
+            layer_norm_epsilon=layer_norm_epsilon,
+            norm_first=norm_first,
+            dtype=dtype,
+        )
+
+        def embedding(vocab_size, layer_name):
+            return PositionalEmbedding(
+                vocab_size, d_model, sequence_length, pad_id=pad_id, dtype=dtype, name=layer_name
+            )
+
+        # === Layers and functional graph, in the order of the paper's
+        # figure 1 (the order of making and calling fixes the initial
+        # weights) ===
+        encoder_inputs = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS)
+        decoder_inputs = keras.Input((None,), dtype="int32", name=DECODER_INPUTS)
+        encoder_embedding = embedding(
+            src_vocab_size, "shared_embedding" if tie_embeddings == "all" else "encoder_embedding"
+        )
+        x = encoder_embedding(encoder_inputs)
+        encoder_embedding_dropout = Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")
+        x = encoder_embedding_dropout(x)
+        encoder_layers = []
+        for i in range(num_layers):
+            encoder_layers.append(TransformerEncoder(name=f"encoder_layer_{i}", **block_args))
+            x = encoder_layers[-1](x)
+        encoder_final_norm = decoder_final_norm = None
+        if norm_first:
+            encoder_final_norm = LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
+            )
+            x = encoder_final_norm(x)
+
+        if tie_embeddings == "all":
+            decoder_embedding = encoder_embedding
+        else:
+            decoder_embedding = embedding(tgt_vocab_size, "decoder_embedding")
+        y = decoder_embedding(decoder_inputs)
+        decoder_embedding_dropout = Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")
+        y = decoder_embedding_dropout(y)
+        decoder_layers = []
+        for i in range(num_decoder_layers):
+            decoder_layers.append(TransformerDecoder(name=f"decoder_layer_{i}", **block_args))
+            y = decoder_layers[-1](y, x)
+        if norm_first:
+            decoder_final_norm = LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_final_norm"
+            )
+            y = decoder_final_norm(y)
+        if tie_embeddings == "none":
+            logits_layer = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")
+            logits = logits_layer(y)
+        else:  # tied (section 3.4)
+            logits_layer = decoder_embedding
+            logits = decoder_embedding(y, reverse=True)
+        super().__init__(
+            inputs={ENCODER_INPUTS: encoder_inputs, DECODER_INPUTS: decoder_inputs},
+            outputs=logits,
+            name=name,
+            **kwargs,
+        )
+
+        # === Layers as attributes (after the functional init) ===
+        self.encoder_embedding = encoder_embedding
+        self.decoder_embedding = decoder_embedding
+        self.logits_layer = logits_layer
+        self.encoder_embedding_dropout = encoder_embedding_dropout
+        self.decoder_embedding_dropout = decoder_embedding_dropout
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_final_norm = encoder_final_norm
+        self.decoder_final_norm = decoder_final_norm
+
+        # === Config ===
+        self.src_vocab_size = int(src_vocab_size)
+        self.tgt_vocab_size = int(tgt_vocab_size)
+        self.num_layers = int(num_layers)
+        self.num_decoder_layers = int(num_decoder_layers)
+        self.d_model = int(d_model)
+        self.num_heads = int(num_heads)
+        self.key_dim = self.d_model // self.num_heads
+        self.dff = int(dff)
+        self.dropout_rate = dropout_rate
+        self.attention_dropout_rate = attention_dropout_rate
+        self.activation_dropout_rate = activation_dropout_rate
+        self.sequence_length = int(sequence_length)
+        self.tie_embeddings = tie_embeddings
+        self.pad_id = int(pad_id)
+        self.norm_first = bool(norm_first)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.activation = activation
+        self._layer_dtype = dtype
+
+    def get_config(self):
+        activation = self.activation
+        if not isinstance(activation, str):
+            activation = keras.activations.serialize(activation)
+        dtype = self._layer_dtype
+        if dtype is not None and not isinstance(dtype, str):
+            dtype = keras.dtype_policies.serialize(dtype)
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "src_vocab_size": self.src_vocab_size,
+            "tgt_vocab_size": self.tgt_vocab_size,
+            "num_layers": self.num_layers,
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "dropout_rate": self.dropout_rate,
+            "sequence_length": self.sequence_length,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "activation_dropout_rate": self.activation_dropout_rate,
+            "tie_embeddings": self.tie_embeddings,
+            "num_decoder_layers": self.num_decoder_layers,
+            "pad_id": self.pad_id,
+            "norm_first": self.norm_first,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "activation": activation,
+            "dtype": dtype,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("activation"), dict):
+            config["activation"] = keras.activations.deserialize(config["activation"])
+        return cls(**config)
+
+    # === Step-by-step decoding ===
+    # One source is encoded once; the decoder then runs one position per
+    # call against a key/value cache per layer: self-attention keys and
+    # values written at the step's index, cross-attention keys and values
+    # computed once per source (`TransformerDecoder`'s cached call).
+
+    def call_encoder(self, encoder_inputs):
+        """The encoder stack on a batch of sources.
+
+        Args:
+            encoder_inputs: int `(batch, source_length)` ids, padded with
+                `pad_id`.
+
+        Returns:
+            `(encoder_outputs, encoder_outputs_mask)`: float `(batch,
+            source_length, d_model)` in the compute dtype and bool `(batch,
+            source_length)`, True at tokens.
+        """
+        mask = padding_mask(encoder_inputs, self.pad_id)
+        x = self.encoder_embedding(encoder_inputs)
+        for layer in self.encoder_layers:
+            x = layer(x, mask=mask)
+        if self.encoder_final_norm is not None:
+            x = self.encoder_final_norm(x)
+        return x, mask
+
+    def compute_cross_attention_caches(self, encoder_outputs):
+        """Per decoder layer, the cross-attention `(key (batch, heads,
+        key_dim, source_length), value (batch, heads, source_length,
+        key_dim))` of `encoder_outputs` (float `(batch, source_length,
+        d_model)`)."""
+        return [layer.precompute_cross_attention_cache(encoder_outputs) for layer in self.decoder_layers]
+
+    def empty_self_attention_caches(self, batch_size, length, dtype=None):
+        """Per decoder layer, zero self-attention `(key (batch, heads,
+        key_dim, length), value (batch, heads, length, key_dim))` caches
+        for `length` output positions, in `dtype` (default: the compute
+        dtype)."""
+        return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
+
+    def decoding_weights(self):
+        """The projection matrices of `call_decoder_with_cache`: per decoder
+        layer its `decoding_weights()`, and the output projection's `(kernel
+        (d_model, vocab), bias or None)`. Build them once, before a decoding
+        loop, and pass them to every call."""
+        return {
+            "layers": [layer.decoding_weights() for layer in self.decoder_layers],
+            "logits": self.logits_layer.output_weights(),
+        }
+
+    def call_decoder_with_cache(
+        self,
+        token_ids,
+        self_attention_caches,
+        self_attention_cache_update_index,
+        cross_attention_caches,
+        encoder_outputs_mask,
+        *,
+        return_attention_scores=False,
+        decoding_weights=None,
+        growing_cache=False,
+    ):
+        """The decoder stack on one target position, with the caches.
+
+        Args:
+            token_ids: int `(batch,)`, the tokens at the position, in `[0,
+                tgt_vocab_size)` (not checked here: a search checks its
+                start id once, see `check_id_range`).
+            self_attention_caches: list (one per decoder layer) of `(key,
+                value)` from `empty_self_attention_caches`.
+            self_attention_cache_update_index: scalar int, the position.
+            cross_attention_caches: list from
+                `compute_cross_attention_caches`.
+            encoder_outputs_mask: bool `(batch, source_length)`.
+            return_attention_scores: bool, also return the last decoder
+                layer's cross-attention weights `(batch, heads,
+                source_length)`.
+            decoding_weights: `decoding_weights()`; computed here if omitted.
+            growing_cache: bool, the caches hold positions `0..index - 1`
+                only and grow by one a call (the TensorFlow decoding fast
+                path, `keras_transformer.decoding.growing_cache`).
+
+        Returns:
+            `(logits (batch, tgt_vocab_size) float32, self_attention_caches)`
+            with the caches updated, plus the attention weights if asked.
+        """
+        index = self_attention_cache_update_index
+        weights = decoding_weights or self.decoding_weights()
+        masks = cached_step_masks(
+            index, ops.shape(self_attention_caches[0][0])[-1], encoder_outputs_mask, growing=growing_cache
+        )
+        x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index, check_ids=False)
+        new_caches = []
+        attention = None
+        for layer, layer_weights, self_cache, cross_cache in zip(
+            self.decoder_layers, weights["layers"], self_attention_caches, cross_attention_caches
+        ):
+            outputs = layer(
+                x,
+                encoder_outputs_mask=encoder_outputs_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+                return_attention_scores=return_attention_scores,
+                decoding_weights=layer_weights,
+                cache_masks=masks,
+            )
+            x = outputs[0]
+            if return_attention_scores:
+                attention = outputs[2]
+            new_caches.append(outputs[1])
+        x = x[:, 0, :]
+        if self.decoder_final_norm is not None:
+            x = self.decoder_final_norm(x)
+        kernel, bias = weights["logits"]
+        logits = ops.matmul(x, kernel)
+        logits = ops.cast(logits if bias is None else logits + bias, "float32")
+        if return_attention_scores:
+            return logits, new_caches, attention
+        return logits, new_caches
 
 
 def build_transformer(
@@ -138,13 +420,14 @@ def build_transformer(
     Padding masks are derived from the inputs (`pad_id`) inside the model
     and carried through every block, so callers pass token ids only.
 
-    Layer names are stable (`encoder_embedding`, `encoder_layer_{i}`,
-    `decoder_embedding`, `decoder_layer_{i}`, `logits`, and
-    `encoder_final_norm` / `decoder_final_norm` with `norm_first`);
-    with tied embeddings the decoder embedding is also the output
-    projection (no `logits` layer), and with `tie_embeddings="all"` one
-    `shared_embedding` layer replaces both embeddings (`embedding_layers`
-    finds them).
+    Layer names are stable, so weight files keep their paths
+    (`encoder_embedding`, `encoder_layer_{i}`, `decoder_embedding`,
+    `decoder_layer_{i}`, `logits`, and `encoder_final_norm` /
+    `decoder_final_norm` with `norm_first`); with tied embeddings the
+    decoder embedding is also the output projection (no `logits` layer),
+    and with `tie_embeddings="all"` one `shared_embedding` layer replaces
+    both embeddings. The model reaches its layers through attributes
+    (`Transformer`), never by these names.
 
     Args:
         src_vocab_size: int, source vocabulary size.
@@ -179,9 +462,10 @@ def build_transformer(
         name: model name.
 
     Returns:
-        A functional `keras.Model` taking `{"encoder_inputs": int32 (batch,
-        src_len), "decoder_inputs": int32 (batch, tgt_len)}` and returning
-        float32 logits `(batch, tgt_len, tgt_vocab_size)`.
+        A `Transformer` (a functional `keras.Model`) taking
+        `{"encoder_inputs": int32 (batch, src_len), "decoder_inputs": int32
+        (batch, tgt_len)}` and returning float32 logits `(batch, tgt_len,
+        tgt_vocab_size)`.
 
     Raises:
         ValueError: for non-positive sizes, `num_heads` not dividing
@@ -203,83 +487,26 @@ def build_transformer(
     References:
         Vaswani et al. (2017), section 3 and figure 1.
     """
-    num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
     sequence_length = renamed_argument(
         "build_transformer", "sequence_length", sequence_length, "max_length", max_length, 256)
-    check_sizes(
-        src_vocab_size=src_vocab_size,
-        tgt_vocab_size=tgt_vocab_size,
+    return Transformer(
+        src_vocab_size,
+        tgt_vocab_size,
         num_layers=num_layers,
-        num_decoder_layers=num_decoder_layers,
         d_model=d_model,
         num_heads=num_heads,
         dff=dff,
-        sequence_length=sequence_length,
-    )
-    if tie_embeddings not in TIE_EMBEDDINGS:
-        raise ValueError(
-            f"tie_embeddings must be one of {TIE_EMBEDDINGS}; got {tie_embeddings!r}."
-        )
-    if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
-        raise ValueError(
-            "tie_embeddings='all' shares one table between source and target, so "
-            f"the vocabularies must be one: got src_vocab_size={src_vocab_size} and "
-            f"tgt_vocab_size={tgt_vocab_size}. Train one shared tokenizer "
-            "(train --shared-vocab), or tie only the target side ('target')."
-        )
-    block_args = dict(
-        num_heads=num_heads,
-        dff=dff,
         dropout_rate=dropout_rate,
+        sequence_length=sequence_length,
         attention_dropout_rate=attention_dropout_rate,
         activation_dropout_rate=activation_dropout_rate,
-        activation=activation,
-        layer_norm_epsilon=layer_norm_epsilon,
+        tie_embeddings=tie_embeddings,
+        num_decoder_layers=num_decoder_layers,
+        pad_id=pad_id,
         norm_first=norm_first,
+        layer_norm_epsilon=layer_norm_epsilon,
+        activation=activation,
         dtype=dtype,
-    )
-    encoder_inputs = keras.Input((None,), dtype="int32", name=ENCODER_INPUTS)
-    decoder_inputs = keras.Input((None,), dtype="int32", name=DECODER_INPUTS)
-
-    def embedding(vocab_size, name):
-        return PositionalEmbedding(
-            vocab_size, d_model, sequence_length, pad_id=pad_id, dtype=dtype, name=name
-        )
-
-    # Layers are made in the order of the paper's figure 1 (the decoder
-    # embedding after the encoder): the order fixes the initial weights.
-    if tie_embeddings == "all":
-        encoder_embedding = embedding(src_vocab_size, "shared_embedding")
-    else:
-        encoder_embedding = embedding(src_vocab_size, "encoder_embedding")
-    x = encoder_embedding(encoder_inputs)
-    x = Dropout(dropout_rate, dtype=dtype, name="encoder_embedding_dropout")(x)
-    for i in range(num_layers):
-        x = TransformerEncoder(name=f"encoder_layer_{i}", **block_args)(x)
-    if norm_first:
-        x = LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_final_norm"
-        )(x)
-
-    if tie_embeddings == "all":
-        decoder_embedding = encoder_embedding
-    else:
-        decoder_embedding = embedding(tgt_vocab_size, "decoder_embedding")
-    y = decoder_embedding(decoder_inputs)
-    y = Dropout(dropout_rate, dtype=dtype, name="decoder_embedding_dropout")(y)
-    for i in range(num_decoder_layers):
-        y = TransformerDecoder(name=f"decoder_layer_{i}", **block_args)(y, x)
-    if norm_first:
-        y = LayerNormalization(
-            epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_final_norm"
-        )(y)
-    if tie_embeddings == "none":
-        logits = OutputProjection(tgt_vocab_size, dtype=dtype, name="logits")(y)
-    else:
-        logits = decoder_embedding(y, reverse=True)
-    return keras.Model(
-        inputs={ENCODER_INPUTS: encoder_inputs, DECODER_INPUTS: decoder_inputs},
-        outputs=logits,
         name=name,
     )
 
