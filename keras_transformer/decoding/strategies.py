@@ -3,9 +3,10 @@
 A strategy holds the search's own settings (beam size, length penalty,
 how many hypotheses to return) and is called with the model's
 `TransformerParts`, the source ids and the settings that belong to the
-vocabulary and the output limit. `get` turns a name, a config dict or a
-strategy into a strategy, as OpenNMT-tf's `utils/decoding.py` and Keras's
-`get` functions do.
+vocabulary and the output limit. Every strategy runs in one loop,
+`search_loop.dynamic_decode`, and only picks each step's tokens. `get`
+turns a name, a config dict or a strategy into a strategy, as
+OpenNMT-tf's `utils/decoding.py` and Keras's `get` functions do.
 
 >>> get("beam", beam_size=5)
 BeamSearch(beam_size=5, length_penalty=0.6, n_best=1)
@@ -13,9 +14,33 @@ BeamSearch(beam_size=5, length_penalty=0.6, n_best=1)
 GreedySearch()
 """
 
-from keras_transformer.decoding.beam_search import beam_search
-from keras_transformer.decoding.beam_search import check_length_penalty
-from keras_transformer.decoding.greedy import greedy_search
+import math
+
+from keras import ops
+
+from keras_transformer.decoding.limits import NEG_LOG_PROB
+from keras_transformer.decoding.search_loop import dynamic_decode
+
+
+def length_penalty_factor(length, alpha):
+    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14)."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def check_length_penalty(length_penalty):
+    """The GNMT `alpha` as a python float.
+
+    Raises:
+        ValueError: unless it is a finite number >= 0 (NaN would rank every
+            hypothesis as NaN and return garbage).
+    """
+    value = float(length_penalty)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            "`length_penalty` must be a finite number >= 0 (0.6 in the paper; 0 "
+            f"ranks by raw log-probability); got {length_penalty}."
+        )
+    return value
 
 
 class SearchStrategy:
@@ -27,9 +52,14 @@ class SearchStrategy:
     ids (best first, the end token included, no start token) and float32
     `(batch, n_best)` scores. `n_best` (default: the strategy's own) must
     be at most `max_n_best`.
+
+    A strategy runs in `search_loop.dynamic_decode`, the one loop, through
+    `beams`, `initial_state`, `step`, `settled` and `finalize` (described
+    there).
     """
 
     name = None
+    beams = 1
 
     @property
     def max_n_best(self):
@@ -47,8 +77,9 @@ class SearchStrategy:
 
 
 class GreedySearch(SearchStrategy):
-    """The most probable token at each step (`greedy_search`); one
-    hypothesis per sentence, scored by its summed log-probability."""
+    """The most probable token at each step; one hypothesis per sentence,
+    scored by its summed log-probability (`greedy_search`). Only `pad_id`
+    follows the end token."""
 
     name = "greedy"
 
@@ -56,12 +87,56 @@ class GreedySearch(SearchStrategy):
         if n_best not in (None, 1):
             raise ValueError("Greedy search returns one hypothesis per sentence (n_best=1); "
                              "use BeamSearch(beam_size=N) for an n-best list.")
-        tokens, scores = greedy_search(parts, source_ids, **settings)
+        tokens, scores, _ = dynamic_decode(parts, source_ids, self, **settings)
         return tokens[:, None, :], scores[:, None]
+
+    def initial_state(self, batch, length, pad_id, attention_shape):
+        # The weights are carried through the loop only when asked for; a
+        # one-number placeholder a sentence otherwise.
+        shape = (batch, length, *attention_shape) if attention_shape else (batch, 1)
+        return (ops.full((batch, length), pad_id, "int32"), ops.zeros((batch,), "bool"),
+                ops.zeros((batch,), "float32"), ops.zeros(shape, "float32"))
+
+    def step(self, t, log_probs, state, at_limit, end_id, pad_id, attention):
+        tokens, finished, scores, weights = state
+        log_probs = log_probs[:, 0]
+        positions = ops.arange(tokens.shape[1], dtype="int32")
+        best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        best = ops.where(at_limit, end_id, best)
+        best = ops.where(finished, pad_id, best)
+        gained = ops.take_along_axis(log_probs, best[:, None], axis=-1)[:, 0]
+        scores = scores + ops.where(finished, 0.0, gained)
+        if attention is not None:
+            step_weights = ops.where(ops.reshape(finished, (-1, 1, 1)), 0.0, ops.cast(attention, "float32"))
+            weights = ops.where(
+                ops.reshape(ops.equal(positions, t), (1, -1, 1, 1)), ops.expand_dims(step_weights, 1), weights
+            )
+        # `where` on a position mask rather than `slice_update`: on tensorflow
+        # the latter is an XLA op launched per call, the costliest op here.
+        tokens = ops.where(ops.equal(positions, t)[None, :], best[:, None], tokens)
+        finished = ops.logical_or(finished, ops.equal(best, end_id))
+        return best[:, None], None, (tokens, finished, scores, weights)
+
+    def settled(self, state, limits):
+        return state[1]
+
+    def finalize(self, state):
+        """`(tokens (batch, max_length), scores (batch,), attention)`."""
+        tokens, _, scores, weights = state
+        return tokens, scores, weights
 
 
 class BeamSearch(SearchStrategy):
     """Beam search with the GNMT length penalty (`beam_search`).
+
+    Each sentence keeps `beam_size` hypotheses ranked by `log P(y) / lp(y)`
+    with `lp = ((5 + |y|) / 6) ** length_penalty`, applied per hypothesis
+    to its own length. A hypothesis that produced the end token is
+    finished: it is never extended, its score stays fixed, and only
+    `pad_id` follows. A sentence is settled when its `n_best` finished
+    hypotheses score above the best any alive one can still reach, `log P
+    / lp(limit)` (tensor2tensor's stopping rule), so the outputs are those
+    of decoding every hypothesis to its end.
 
     Args:
         beam_size: int >= 2 (a beam of 1 is `GreedySearch`).
@@ -77,14 +152,31 @@ class BeamSearch(SearchStrategy):
     name = "beam"
 
     def __init__(self, beam_size=4, length_penalty=0.6, n_best=1):
-        self.beam_size = int(beam_size)
-        if self.beam_size < 2:
+        if int(beam_size) < 2:
             raise ValueError(f"BeamSearch needs beam_size >= 2; got {beam_size}. A beam of 1 is "
                              "GreedySearch() (or Translator(beam_size=1)).")
-        self.length_penalty = check_length_penalty(length_penalty)
+        self._configure(beam_size, length_penalty, n_best)
+
+    def _configure(self, beam_size, length_penalty, n_best):
+        self.beam_size = int(beam_size)
         self.n_best = int(n_best)
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
+        self.length_penalty = check_length_penalty(length_penalty)
+
+    @classmethod
+    def any_size(cls, beam_size, length_penalty=0.6, n_best=1):
+        """A beam search that also takes `beam_size=1` (greedy decoding
+        with beam search's scores), as `beam_search` does."""
+        if int(beam_size) < 1:
+            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        strategy = cls.__new__(cls)
+        strategy._configure(beam_size, length_penalty, n_best)
+        return strategy
+
+    @property
+    def beams(self):
+        return self.beam_size
 
     @property
     def max_n_best(self):
@@ -94,10 +186,69 @@ class BeamSearch(SearchStrategy):
         return {"beam_size": self.beam_size, "length_penalty": self.length_penalty, "n_best": self.n_best}
 
     def __call__(self, parts, source_ids, *, n_best=None, **settings):
-        return beam_search(
-            parts, source_ids, beam_size=self.beam_size, length_penalty=self.length_penalty,
-            n_best=self.n_best if n_best is None else n_best, **settings,
+        strategy = self if n_best is None else type(self).any_size(self.beam_size, self.length_penalty, n_best)
+        if self.beam_size > parts.vocab_size:
+            raise ValueError(f"`beam_size`={self.beam_size} exceeds the vocabulary size {parts.vocab_size}.")
+        return dynamic_decode(parts, source_ids, strategy, **settings)
+
+    def initial_state(self, batch, length, pad_id, attention_shape):
+        if attention_shape:
+            raise ValueError("Beam search returns no attention weights; use greedy search for them.")
+        k = self.beam_size
+        # Only beam 0 is alive at first, so the k beams start out distinct.
+        scores = ops.tile(
+            ops.expand_dims(ops.concatenate([ops.zeros((1,)), ops.full((k - 1,), NEG_LOG_PROB)]), 0),
+            (batch, 1),
         )
+        return (ops.full((batch, k, length), pad_id, "int32"), scores,
+                ops.zeros((batch, k), "bool"), ops.zeros((batch, k), "int32"))
+
+    def step(self, t, log_probs, state, at_limit, end_id, pad_id, attention):
+        sequences, scores, finished, lengths = state
+        n, k, vocab = ops.shape(scores)[0], self.beam_size, log_probs.shape[-1]
+        vocab_ids = ops.arange(vocab, dtype="int32")
+        at_limit = ops.reshape(at_limit, (n, 1, 1))
+        log_probs = ops.where(ops.logical_and(at_limit, ops.not_equal(vocab_ids, end_id)), NEG_LOG_PROB, log_probs)
+        only_pad = ops.where(ops.equal(vocab_ids, pad_id), 0.0, NEG_LOG_PROB)  # (V,)
+        log_probs = ops.where(ops.expand_dims(finished, -1), only_pad, log_probs)
+        total = ops.expand_dims(scores, -1) + log_probs  # (n, k, V)
+        new_length = ops.where(finished, lengths, t + 1)
+        normalised = total / ops.expand_dims(length_penalty_factor(new_length, self.length_penalty), -1)
+        _, index = ops.top_k(ops.reshape(normalised, (n, k * vocab)), k)
+        index = ops.cast(index, "int32")
+        parent = index // vocab
+        token = index % vocab
+        scores = ops.take_along_axis(ops.reshape(total, (n, k * vocab)), index, axis=1)
+        was_finished = ops.take_along_axis(finished, parent, axis=1)
+        lengths = ops.take_along_axis(new_length, parent, axis=1)
+        finished = ops.logical_or(was_finished, ops.equal(token, end_id))
+        sequences = ops.take_along_axis(sequences, ops.expand_dims(parent, -1), axis=1)
+        # `where` on a position mask: cheaper than `slice_update` on tensorflow.
+        positions = ops.arange(sequences.shape[-1], dtype="int32")
+        sequences = ops.where(
+            ops.reshape(ops.equal(positions, t), (1, 1, -1)), ops.expand_dims(token, -1), sequences
+        )
+        return token, parent, (sequences, scores, finished, lengths)
+
+    def settled(self, state, limits):
+        _, scores, finished, lengths = state
+        limit_penalty = ops.expand_dims(length_penalty_factor(limits, self.length_penalty), 1)
+        reachable = ops.max(ops.where(finished, 2 * NEG_LOG_PROB, scores / limit_penalty), axis=1)
+        # A relative margin of 1e-5, against float rounding: it can only
+        # make the search run longer, never change its outputs.
+        threshold = ops.expand_dims(reachable + 1e-5 * ops.abs(reachable), 1)
+        final = scores / length_penalty_factor(lengths, self.length_penalty)
+        beyond_reach = ops.logical_and(finished, ops.greater(final, threshold))
+        return ops.sum(ops.cast(beyond_reach, "int32"), axis=1) >= self.n_best
+
+    def finalize(self, state):
+        """`(tokens (batch, n_best, max_length), scores (batch, n_best))`,
+        best first, the scores length-normalised."""
+        sequences, scores, _, lengths = state
+        normalised = scores / length_penalty_factor(lengths, self.length_penalty)
+        best_scores, order = ops.top_k(normalised, self.n_best)
+        best = ops.take_along_axis(sequences, ops.expand_dims(ops.cast(order, "int32"), -1), axis=1)
+        return best, best_scores
 
 
 STRATEGIES = {"greedy": GreedySearch, "beam": BeamSearch}

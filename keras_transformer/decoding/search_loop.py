@@ -1,0 +1,186 @@
+"""The one decoding loop that every search strategy runs in.
+
+`dynamic_decode` encodes the sources once, then runs the decoder one
+position per step against the key/value caches, and hands each step's
+log-probabilities to a strategy (`strategies.GreedySearch`,
+`strategies.BeamSearch`), which picks the next tokens and says which
+hypothesis each comes from; the loop reorders the caches accordingly. This
+is the shape of OpenNMT-tf's `utils/decoding.py` (`dynamic_decode` over a
+`DecodingStrategy`).
+
+A strategy is an object with:
+
+- `beams`: hypotheses per sentence (rows of the decoder batch);
+- `initial_state(batch, length, pad_id, attention_shape)`: a tuple of
+  tensors whose first axis is the sentence;
+- `step(t, log_probs, state, at_limit, end_id, pad_id, attention)`: with
+  `log_probs` float32 `(n, beams, vocab)` (the suppressed ids already at
+  `NEG_LOG_PROB`), `at_limit` bool `(n,)` (the sentence's last allowed
+  token) and `attention` the last layer's cross-attention weights or None,
+  returns `(tokens (n, beams), parent (n, beams) or None, state)`: the next
+  tokens and, for each, the beam it extends (None: the same one);
+- `settled(state, limits)`: bool `(n,)`, the sentence's result is final;
+- `finalize(state)`: the search's outputs.
+
+With growing caches (`decoding.growing_cache`: tensorflow without XLA),
+shapes may change from step to step, so a sentence whose result is final
+leaves the batch: later steps run on the others only, and the final states
+wait in a copy of the state, indexed by sentence.
+"""
+
+from keras import ops
+
+from keras_transformer.decoding.growing_cache import relax_batch
+from keras_transformer.decoding.limits import decode_limits
+from keras_transformer.decoding.limits import flatten_caches
+from keras_transformer.decoding.limits import suppress_ids
+from keras_transformer.decoding.limits import unflatten_caches
+from keras_transformer.layers.id_range import check_id_range
+
+
+def output_length(parts, max_length):
+    """The output-token cap: `max_length`, at most the decoder's
+    `sequence_length` (its default)."""
+    if max_length is None:
+        return parts.target_sequence_length
+    return min(int(max_length), parts.target_sequence_length)
+
+
+def dynamic_decode(
+    parts,
+    source_ids,
+    strategy,
+    *,
+    start_id,
+    end_id,
+    pad_id=0,
+    max_length=None,
+    length_ratio=None,
+    length_offset=10,
+    suppressed_ids=(),
+    return_attention_scores=False,
+):
+    """Decode `source_ids` with `strategy`, one position a step.
+
+    Args:
+        parts: `TransformerParts` of the model.
+        source_ids: int `(batch, source_length)`, padded with `pad_id`.
+        strategy: what picks the tokens (see the module docstring).
+        start_id, end_id, pad_id: special token ids; `pad_id`, `start_id`
+            and `suppressed_ids` are never picked (`suppress_ids`).
+        max_length: int, most output tokens (`output_length`).
+        length_ratio, length_offset: per-sentence limits
+            (`decode_limits`); the end token is forced at the limit.
+        return_attention_scores: bool, hand the strategy the last decoder
+            layer's cross-attention weights each step.
+
+    Returns:
+        `strategy.finalize(state)`.
+    """
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    blocked = (pad_id, start_id, *suppressed_ids)
+    vocab = parts.vocab_size
+    length = output_length(parts, max_length)
+    k = strategy.beams
+    compact = bool(getattr(parts, "growing_cache", False))
+    encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
+    batch = ops.shape(source_ids)[0]
+    limits = decode_limits(encoder_outputs_mask, length, length_ratio, length_offset)
+    cross = parts.cross_caches(encoder_outputs)
+    if k > 1:  # row b*k + j is beam j of sentence b
+        cross = [(ops.repeat(key, k, axis=0), ops.repeat(value, k, axis=0)) for key, value in cross]
+        encoder_outputs_mask = ops.repeat(encoder_outputs_mask, k, axis=0)
+    cross = flatten_caches(cross)
+    caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
+    weights = parts.decoding_weights()  # once, outside the loop
+    attention_shape = (parts.num_heads, ops.shape(source_ids)[1]) if return_attention_scores else None
+    state = tuple(strategy.initial_state(batch, length, pad_id, attention_shape))
+    last = check_id_range(ops.full((batch * k,), start_id, "int32"), vocab, "`start_id`")
+    num_state, num_caches, num_cross = len(state), len(caches), len(cross)
+
+    def step(t, last, state, caches, cross, encoder_outputs_mask, limits):
+        """One position for every sentence in the batch: the new tokens,
+        state, caches (not yet reordered) and the cache rows to take."""
+        attention_setting = {"return_attention_scores": True} if return_attention_scores else {}
+        outputs = parts.decode_step(
+            last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_outputs_mask,
+            weights=weights, **attention_setting,
+        )
+        log_probs = suppress_ids(ops.log_softmax(outputs[0], axis=-1), vocab, blocked)
+        log_probs = ops.reshape(log_probs, (-1, k, vocab))
+        attention = outputs[2] if return_attention_scores else None
+        tokens, parent, state = strategy.step(
+            t, log_probs, state, ops.greater_equal(t + 1, limits), end_id, pad_id, attention
+        )
+        rows = None  # the cache row each new row continues
+        if parent is not None:
+            n = ops.shape(parent)[0]
+            rows = ops.reshape(ops.expand_dims(ops.arange(n, dtype="int32") * k, 1) + parent, (-1,))
+        return tokens, tuple(state), flatten_caches(outputs[1]), rows
+
+    if not compact:
+
+        def cond(t, last, *rest):
+            settled = strategy.settled(rest[:num_state], limits)
+            return ops.logical_and(t < length, ops.logical_not(ops.all(settled)))
+
+        def body(t, last, *rest):
+            tokens, state, new_caches, rows = step(
+                t, last, rest[:num_state], rest[num_state:], cross, encoder_outputs_mask, limits
+            )
+            if rows is not None:
+                new_caches = [ops.take(cache, rows, axis=0) for cache in new_caches]
+            return (t + 1, ops.reshape(tokens, (-1,)), *state, *new_caches)
+
+        outputs = ops.while_loop(
+            cond, body, (ops.convert_to_tensor(0, "int32"), last, *state, *caches)
+        )
+        return strategy.finalize(tuple(outputs[2:2 + num_state]))
+
+    def split(loop_vars):
+        t, last, alive = loop_vars[:3]
+        rest = loop_vars[3:]
+        state, rest = rest[:num_state], rest[num_state:]
+        out, rest = rest[:num_state], rest[num_state:]
+        caches, rest = rest[:num_caches], rest[num_caches:]
+        cross, rest = rest[:num_cross], rest[num_cross:]
+        return t, last, alive, state, out, caches, cross, rest[0], rest[1]
+
+    def cond(t, last, *rest):
+        return ops.logical_and(t < length, ops.shape(last)[0] > 0)
+
+    def body(*loop_vars):
+        t, last, alive, state, out, caches, cross, encoder_outputs_mask, limits = split(loop_vars)
+        tokens, state, new_caches, rows = step(t, last, state, caches, cross, encoder_outputs_mask, limits)
+        done = ops.logical_or(strategy.settled(state, limits), t + 1 >= length)
+        # The final states of the sentences that are done; the others go on.
+        where_alive = ops.expand_dims(alive, 1)
+        new_out = []
+        for value, stored in zip(state, out):
+            done_here = ops.reshape(done, (-1,) + (1,) * (len(value.shape) - 1))
+            merged = ops.where(done_here, value, ops.take(stored, alive, axis=0))
+            new_out.append(ops.scatter_update(stored, where_alive, merged))
+        keep = ops.cast(ops.reshape(ops.where(ops.logical_not(done)), (-1,)), "int32")
+        kept_rows = ops.reshape(ops.expand_dims(keep * k, 1) + ops.arange(k, dtype="int32"), (-1,))
+        cache_rows = kept_rows if rows is None else ops.take(rows, kept_rows, axis=0)
+        return (
+            t + 1,
+            ops.reshape(ops.take(tokens, keep, axis=0), (-1,)),
+            ops.take(alive, keep, axis=0),
+            *[ops.take(value, keep, axis=0) for value in state],
+            *new_out,
+            *[ops.take(cache, cache_rows, axis=0) for cache in new_caches],
+            *[ops.take(c, kept_rows, axis=0) for c in cross],
+            ops.take(encoder_outputs_mask, kept_rows, axis=0),
+            ops.take(limits, keep, axis=0),
+        )
+
+    alive = ops.arange(batch, dtype="int32")
+    outputs = ops.while_loop(
+        cond,
+        body,
+        (ops.convert_to_tensor(0, "int32"), relax_batch(last), relax_batch(alive),
+         *[relax_batch(value) for value in state], *state, *caches,
+         *[relax_batch(c) for c in cross], relax_batch(encoder_outputs_mask), relax_batch(limits)),
+    )
+    return strategy.finalize(tuple(outputs[3 + num_state:3 + 2 * num_state]))
