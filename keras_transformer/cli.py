@@ -170,10 +170,38 @@ def _translator_object(args):
     return _translator(args)
 
 
+class _Serve:
+    """A translator's `(batch,) tf.string -> (batch,) tf.string` function
+    that also counts the sources longer than the model's source limit
+    (`truncated`), which are cut to it."""
+
+    def __init__(self, translator):
+        self.translator = translator
+        self.limit = translator.source_sequence_length
+        self.truncated = 0
+
+    def __call__(self, batch):
+        if self.limit:
+            import tensorflow as tf
+
+            lengths = self.translator.src_tokenizer.tokenize(batch).row_lengths()
+            self.truncated += int(tf.reduce_sum(tf.cast(lengths > self.limit - 1, tf.int32)))
+        return self.translator.serve(batch)["translation"]
+
+
 def _translate_fn(args):
-    """A `(batch,) tf.string -> (batch,) tf.string` function for the args."""
-    translator = _translator_object(args)
-    return lambda batch: translator.serve(batch)["translation"]
+    """A `(batch,) tf.string -> (batch,) tf.string` function for the args
+    (a `_Serve`)."""
+    return _Serve(_translator_object(args))
+
+
+def _report_truncated(serve, total):
+    """Say on stderr how many of `total` sources `serve` had to cut."""
+    count = getattr(serve, "truncated", 0)
+    if count:
+        print(f"keras-transformer: {count} of {total} sentences are longer than the model's source "
+              f"limit of {serve.limit - 1} subword pieces; only their first {serve.limit - 1} pieces "
+              "were translated. Split long sentences to translate them whole.", file=sys.stderr)
 
 
 def _translator(args):
@@ -263,8 +291,9 @@ def cmd_evaluate(args):
     check_files(args.src, args.ref)  # before the model load, which takes seconds
     # The progress bar goes to stderr: stdout is the JSON (`evaluate ... > scores.json`).
     with contextlib.redirect_stdout(sys.stderr):
-        scores = evaluate_files(_translate_fn(args), args.src, args.ref, args.batch_size, args.limit,
-                                args.output)
+        serve = _translate_fn(args)
+        scores = evaluate_files(serve, args.src, args.ref, args.batch_size, args.limit, args.output)
+    _report_truncated(serve, scores["num_segments"])
     print(json.dumps(scores, indent=2))
 
 
@@ -303,8 +332,10 @@ def cmd_translate(args):
         print(f"Cross-attention of the last decoder layer written to {args.plot_attention}",
               file=sys.stderr)
     if args.n_best == 1 and not args.scores and args.format == "text":
-        for line in translate_lines(_translate_fn(args), lines, batch_size=args.batch_size):
+        serve = _translate_fn(args)
+        for line in translate_lines(serve, lines, batch_size=args.batch_size):
             print(line)
+        _report_truncated(serve, len(lines))
         return
     found = _translator_object(args).translate_n_best(lines, args.n_best, batch_size=args.batch_size)
     for source, hypotheses in zip(lines, found):

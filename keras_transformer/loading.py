@@ -35,6 +35,42 @@ class SavedModelTranslator:
         self.path = path
         self._loaded = tf.saved_model.load(path)
         self._signatures = self._loaded.signatures
+        self._src_tokenizer = None
+
+    @property
+    def source_sequence_length(self):
+        """int, the most source pieces translated, the end token included
+        (longer sources are cut), as recorded at export; None if not
+        recorded."""
+        try:
+            with open(os.path.join(self.path, "keras_transformer.json")) as f:
+                decoding = json.load(f).get("decoding", {})
+        except (OSError, ValueError):
+            return None
+        # Exports of earlier versions name it source_max_length.
+        return decoding.get("source_sequence_length") or decoding.get("source_max_length")
+
+    @property
+    def src_tokenizer(self):
+        """The source `SubwordTokenizer` inside the SavedModel, rebuilt from
+        its SentencePiece model (to count a source's pieces in Python)."""
+        if self._src_tokenizer is None:
+            from tensorflow.core.protobuf import saved_model_pb2
+
+            from keras_transformer.tokenizers import SubwordTokenizer
+
+            proto = saved_model_pb2.SavedModel()
+            with open(os.path.join(self.path, "saved_model.pb"), "rb") as f:
+                proto.ParseFromString(f.read())
+            try:
+                with open(os.path.join(self.path, "keras_transformer.json")) as f:
+                    lowercase = json.load(f).get("lowercase", False)
+            except (OSError, ValueError):
+                lowercase = False
+            self._src_tokenizer = SubwordTokenizer(
+                _sentencepiece_model(proto, "src_tokenizer"), lowercase=lowercase
+            )
+        return self._src_tokenizer
 
     def serve(self, text):
         """`serving_default`: `text` tf.string `(batch,)` -> `{"translation":

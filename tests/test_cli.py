@@ -68,7 +68,15 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     main(["export", "--run", run, "--output", saved, "--beam-size", "1"])
     capsys.readouterr()
     main(["translate", "--saved-model", saved, "A dog runs.", "The cat sleeps."])
-    assert capsys.readouterr().out.strip().splitlines() == lines
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == lines and "source limit" not in captured.err
+    # A source over the model's 24 positions is cut, and the user is told.
+    long = " ".join(["A dog runs."] * 12)
+    for source in (["--run", run, "--beam-size", "1"], ["--saved-model", saved]):
+        main(["translate", *source, long, "A dog runs."])
+        captured = capsys.readouterr()
+        assert len(captured.out.strip().splitlines()) == 2
+        assert "1 of 2 sentences are longer than the model's source limit of 23 subword pieces" in captured.err
 
     # A second export into the folder needs --overwrite, and then replaces it.
     with pytest.raises(SystemExit) as info:
