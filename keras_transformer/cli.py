@@ -163,9 +163,13 @@ def _load_saved_model(path):
 def _translator_object(args):
     """The SavedModel or run translator the args name."""
     if getattr(args, "saved_model", None):
-        from keras_transformer.loading import SavedModelTranslator
+        from keras_transformer.config import check_saved_model_folder
 
         _check_saved_model_args(args)
+        check_saved_model_folder(args.saved_model)  # before TensorFlow starts
+        _import_backend_quietly()
+        from keras_transformer.loading import SavedModelTranslator
+
         return SavedModelTranslator(args.saved_model)
     return _translator(args)
 
@@ -205,8 +209,7 @@ def _report_truncated(serve, total):
 
 
 def _translator(args):
-    from keras_transformer.training import load_run
-    from keras_transformer.translator import Translator
+    from keras_transformer.config import check_run_folder
 
     settings = {name: default if getattr(args, name, None) is None else getattr(args, name)
                 for name, default in _RUN_DECODING.items()}
@@ -223,6 +226,11 @@ def _translator(args):
             f"--length-penalty has no effect with {given} (greedy decoding ranks "
             "nothing); drop one of them."
         )
+    check_run_folder(args.run)  # before TensorFlow starts
+    _import_backend_quietly()
+    from keras_transformer.training import load_run
+    from keras_transformer.translator import Translator
+
     model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
     return Translator(model, src, tgt, **settings)
 
@@ -286,7 +294,7 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
 
 
 def cmd_evaluate(args):
-    from keras_transformer.data.text_files import check_files
+    from keras_transformer.config import check_files
 
     check_files(args.src, args.ref)  # before the model load, which takes seconds
     # The progress bar goes to stderr: stdout is the JSON (`evaluate ... > scores.json`).
@@ -298,8 +306,6 @@ def cmd_evaluate(args):
 
 
 def cmd_translate(args):
-    from keras_transformer.translator import translate_lines
-
     if args.text:
         lines = args.text
         for number, line in enumerate(lines, 1):
@@ -333,6 +339,8 @@ def cmd_translate(args):
               file=sys.stderr)
     if args.n_best == 1 and not args.scores and args.format == "text":
         serve = _translate_fn(args)
+        from keras_transformer.translator import translate_lines
+
         for line in translate_lines(serve, lines, batch_size=args.batch_size):
             print(line)
         _report_truncated(serve, len(lines))
@@ -355,8 +363,6 @@ def cmd_export(args):
         flag = "--saved-model" if args.saved_model else "--quantization"
         raise ValueError(f"{flag} applies to --format ctranslate2 only; a SavedModel is exported "
                          "from a --run.")
-    from keras_transformer.export import export_translator
-
     output = args.output.rstrip("/\\") or args.output
     if os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"{output} is a file; --output must be a folder.")
@@ -372,6 +378,8 @@ def cmd_export(args):
             "SavedModel folder. Choose another --output."
         )
     translator = _translator(args)
+    from keras_transformer.export import export_translator
+
     # Written beside the old SavedModel, which is replaced only once the new
     # one is complete.
     staging = output + ".export-staging" if replace else output
@@ -385,7 +393,8 @@ def cmd_export(args):
 
 
 def _export_ctranslate2(args):
-    from keras_transformer.ctranslate2_export import export_ctranslate2
+    from keras_transformer.config import check_run_folder
+    from keras_transformer.config import check_saved_model_folder
 
     if args.weights_dtype != "float32":
         raise ValueError("--weights-dtype is for SavedModels; a CTranslate2 model takes "
@@ -395,6 +404,13 @@ def _export_ctranslate2(args):
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to a CTranslate2 model: its search is chosen when "
                          "translating (ctranslate2.Translator.translate_batch).")
+    if args.run:
+        check_run_folder(args.run)  # before TensorFlow starts
+    else:
+        check_saved_model_folder(args.saved_model)
+    _import_backend_quietly()
+    from keras_transformer.ctranslate2_export import export_ctranslate2
+
     export_ctranslate2(args.run or args.saved_model, args.output, quantization=args.quantization,
                        overwrite=args.overwrite, which=args.checkpoint or "best")
     print(f"CTranslate2 model written to {args.output}")
@@ -444,15 +460,19 @@ def cmd_demo(args):
 
 
 def cmd_average(args):
+    from keras_transformer.config import check_run_folder
+
+    check_run_folder(args.run)  # first, and before TensorFlow starts
+    output = args.output or os.path.join(args.run, "averaged.keras")
+    if not output.endswith(".keras") or not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise ValueError(f"--output {output} must be a .keras file in an existing folder.")
+    _import_backend_quietly()
     from keras_transformer.checkpoints import average_checkpoints
     from keras_transformer.checkpoints import select_checkpoints
     from keras_transformer.training import load_run
 
-    model = load_run(args.run, which="last")[0]  # first: says so when it is not a run
+    model = load_run(args.run, which="last")[0]
     paths = select_checkpoints(args.run, last=args.last, best=args.best, monitor=args.monitor)
-    output = args.output or os.path.join(args.run, "averaged.keras")
-    if not output.endswith(".keras") or not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise ValueError(f"--output {output} must be a .keras file in an existing folder.")
     average_checkpoints(model, paths)
     model.save(output)
     names = ", ".join(os.path.basename(p).split(".")[0] for p in paths)
@@ -551,6 +571,11 @@ def _quiet_native_stderr():
         os.dup2(original, 2)  # closes the pipe's last write end: the pump ends
         thread.join(timeout=10)
         os.close(original)
+
+
+# Commands that check their paths before TensorFlow starts (seconds), and
+# then start it themselves.
+_CHECKS_BEFORE_IMPORT = ("translate", "evaluate", "export", "average")
 
 
 def _import_backend_quietly():
@@ -667,7 +692,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         with _quiet_native_stderr():
-            _import_backend_quietly()
+            if args.command not in _CHECKS_BEFORE_IMPORT:
+                _import_backend_quietly()
             args.func(args)
     except KeyboardInterrupt:
         if args.command != "train":

@@ -229,3 +229,32 @@ def check_run_folder(path):
         f"{path} is not a training run folder (no config.json); "
         f"pass the --output-dir of `keras-transformer train`.{hint}"
     )
+
+
+def check_saved_model_folder(path):
+    """Raise unless `path` holds a SavedModel (`saved_model.pb`);
+    TensorFlow-free, so the command line says it at once.
+
+    Raises:
+        FileNotFoundError: naming `path`.
+    """
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(
+            f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
+            "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
+        )
+
+
+def check_files(*paths):
+    """Raise before any work if a text file to read is not there;
+    TensorFlow-free.
+
+    Args:
+        *paths: str or path-like; None entries (optional files) are skipped.
+
+    Raises:
+        FileNotFoundError: naming the first path that is not a file.
+    """
+    for path in paths:
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 
+from keras_transformer.config import check_saved_model_folder
 from keras_transformer.translator import translate_lines
 from keras_transformer.translator import translate_n_best
 
@@ -27,11 +28,7 @@ class SavedModelTranslator:
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
-        if not os.path.exists(os.path.join(path, "saved_model.pb")):
-            raise FileNotFoundError(
-                f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
-                "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
-            )
+        check_saved_model_folder(path)
         self.path = path
         self._loaded = tf.saved_model.load(path)
         self._signatures = self._loaded.signatures

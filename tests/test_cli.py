@@ -692,3 +692,29 @@ def test_help_does_not_start_tensorflow_and_commands_print_no_start_up_notices()
     )
     assert run.stdout.strip() == "Ein Hund rennt."
     assert run.stderr == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ["translate", "--run", "no-such-run", "A dog."],
+    ["translate", "--saved-model", "no-such-model", "A dog."],
+    ["evaluate", "--saved-model", "no-such-model", "--src", "no.en", "--ref", "no.de"],
+    ["evaluate", "--run", "no-such-run", "--src", __file__, "--ref", __file__],
+    ["export", "--run", "no-such-run", "--output", "out"],
+    ["export", "--format", "ctranslate2", "--saved-model", "no-such-model", "--output", "out"],
+    ["average", "--run", "no-such-run", "--last", "2"],
+], ids=["translate-run", "translate-saved", "evaluate-files", "evaluate-run", "export", "export-ct2",
+        "average"])
+def test_a_wrong_path_is_reported_before_tensorflow_starts(argv, tmp_path):
+    """A typo in a path was reported only after TensorFlow had started
+    (seconds); the path checks come first, and TensorFlow is not imported."""
+    import subprocess
+    import sys
+
+    # `-X importtime` lists every module imported, on stderr.
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "keras_transformer.cli", *argv],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line]
+    assert result.returncode == 1 and "argparse" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("tensorflow", "keras")]
+    assert "error:" in result.stderr and ("no-such" in result.stderr or "no.en" in result.stderr)

@@ -3,25 +3,11 @@
 import gzip
 import os
 
-import tensorflow as tf
+from keras_transformer.config import check_files  # noqa: F401 (public here too)
 
 
 def _is_gzip(path):
     return os.fspath(path).endswith(".gz")
-
-
-def check_files(*paths):
-    """Raise before any work if a text file to read is not there.
-
-    Args:
-        *paths: str or path-like; None entries (optional files) are skipped.
-
-    Raises:
-        FileNotFoundError: naming the first path that is not a file.
-    """
-    for path in paths:
-        if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"{path} is not a file; pass a text file (plain or .gz).")
 
 
 def read_lines(path):
@@ -129,6 +115,8 @@ def text_line_dataset(path):
     ds = text_line_dataset("multi30k/val.en.gz").map(tokenizer.tokenize)
     ```
     """
+    import tensorflow as tf
+
     return tf.data.TextLineDataset(
         os.fspath(path), compression_type="GZIP" if _is_gzip(path) else ""
     )
