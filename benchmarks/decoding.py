@@ -77,7 +77,9 @@ class UncachedParts(TransformerParts):
         x = self.decoder_embedding(history[:, : index + 1])
         for layer in self.decoder_layers:
             x = layer(x, encoder_outputs, encoder_outputs_mask=encoder_outputs_mask)
-        logits = self.logits_layer(x)[:, -1, :]
+        kernel, bias = self.model.logits_layer.output_weights()
+        logits = ops.matmul(x[:, -1, :], kernel)
+        logits = logits if bias is None else logits + bias
         return logits, [(history, history)]
 
 

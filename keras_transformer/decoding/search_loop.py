@@ -20,12 +20,16 @@ A strategy is an object with:
   returns `(tokens (n, beams), parent (n, beams) or None, state)`: the next
   tokens and, for each, the beam it extends (None: the same one);
 - `settled(state, limits)`: bool `(n,)`, the sentence's result is final;
-- `finalize(state)`: the search's outputs.
+- `finalize(state)`: the search's outputs;
+- `drops_settled`: bool, whether settled sentences may leave the batch.
 
 With growing caches (`decoding.growing_cache`: tensorflow without XLA),
 shapes may change from step to step, so a sentence whose result is final
-leaves the batch: later steps run on the others only, and the final states
-wait in a copy of the state, indexed by sentence.
+can leave the batch: later steps run on the others only, and the final
+states wait in a copy of the state, indexed by sentence. Beam search does
+this (a settled sentence would go on costing `beam_size` rows); greedy
+search does not (a finished sentence costs one row, less than the gathers
+that would drop it).
 """
 
 from keras import ops
@@ -82,7 +86,7 @@ def dynamic_decode(
     vocab = parts.vocab_size
     length = output_length(parts, max_length)
     k = strategy.beams
-    compact = bool(getattr(parts, "growing_cache", False))
+    compact = bool(getattr(parts, "growing_cache", False)) and strategy.drops_settled
     encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
     limits = decode_limits(encoder_outputs_mask, length, length_ratio, length_offset)

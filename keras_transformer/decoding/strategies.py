@@ -60,6 +60,7 @@ class SearchStrategy:
 
     name = None
     beams = 1
+    drops_settled = False
 
     @property
     def max_n_best(self):
@@ -150,6 +151,7 @@ class BeamSearch(SearchStrategy):
     """
 
     name = "beam"
+    drops_settled = True
 
     def __init__(self, beam_size=4, length_penalty=0.6, n_best=1):
         if int(beam_size) < 2:
