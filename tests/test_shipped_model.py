@@ -1,4 +1,4 @@
-"""The shipped Multi30k model reaches its recorded BLEU (tensorflow backend)."""
+"""The shipped Multi30k models reach their recorded BLEU (tensorflow backend)."""
 
 import json
 import os
@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO
 
 SHIPPED = REPO / "saved_models" / "multi30k-en-de"
+# Every shipped Multi30k model (a folder with its metrics.json), by pair.
+ALL_SHIPPED = sorted(path.parent for path in (REPO / "saved_models").glob("multi30k-*/metrics.json"))
 
 if keras.backend.backend() != "tensorflow":
     pytest.skip("the SavedModel runs on TensorFlow", allow_module_level=True)
@@ -16,7 +18,8 @@ if keras.backend.backend() != "tensorflow":
 
 @pytest.mark.corpus
 @pytest.mark.slow
-def test_shipped_model_reaches_its_bleu_on_a_test_slice(multi30k):
+@pytest.mark.parametrize("shipped", ALL_SHIPPED, ids=lambda path: path.name)
+def test_shipped_model_reaches_its_bleu_on_a_test_slice(multi30k, shipped):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
 
@@ -24,15 +27,17 @@ def test_shipped_model_reaches_its_bleu_on_a_test_slice(multi30k):
     from keras_transformer.evaluation import corpus_scores
     from keras_transformer.translator import translate_lines
 
-    assert (SHIPPED / "saved_model.pb").exists(), f"no SavedModel in {SHIPPED}"
-    with open(SHIPPED / "metrics.json") as f:
+    assert SHIPPED in ALL_SHIPPED
+    assert (shipped / "saved_model.pb").exists(), f"no SavedModel in {shipped}"
+    with open(shipped / "metrics.json") as f:
         metrics = json.load(f)
     recorded = metrics["test_2016_flickr_first_200"]
+    source, target = shipped.name.split("-")[-2:]
     sources, references = read_parallel(
-        os.path.join(multi30k, "test_2016_flickr.en.gz"),
-        os.path.join(multi30k, "test_2016_flickr.de.gz"),
+        os.path.join(multi30k, f"test_2016_flickr.{source}.gz"),
+        os.path.join(multi30k, f"test_2016_flickr.{target}.gz"),
     )
-    signature = tf.saved_model.load(str(SHIPPED)).signatures["serving_default"]
+    signature = tf.saved_model.load(str(shipped)).signatures["serving_default"]
     hypotheses = translate_lines(lambda b: signature(text=b)["translation"], sources[:200])
     scores = corpus_scores(hypotheses, references[:200])
     # Same graph, same inputs: only float rounding across machines may differ.
