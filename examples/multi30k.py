@@ -32,10 +32,12 @@ library (same weights, tokenizers and search) and rescores it.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
+import sys
 import time
 
 from keras_transformer.cli import _load_saved_model, evaluate_files
@@ -174,9 +176,10 @@ def export_and_describe(args, translator, facts, describe=None):
         shutil.rmtree(out)
     export_translator(translator, out, weights_dtype="float16")
     serve = _load_saved_model(out)
-    val = evaluate_files(serve, *files(args, "val"))
     hypotheses_path = os.path.join(out, "test_2016_flickr.hyp")
-    test = evaluate_files(serve, *files(args, "test_2016_flickr"), output=hypotheses_path)
+    with contextlib.redirect_stdout(sys.stderr):  # progress bars; stdout is the scores
+        val = evaluate_files(serve, *files(args, "val"))
+        test = evaluate_files(serve, *files(args, "test_2016_flickr"), output=hypotheses_path)
     with open(hypotheses_path, encoding="utf-8") as f:
         hypotheses = f.read().splitlines()
     os.remove(hypotheses_path)  # keep the SavedModel folder clean
