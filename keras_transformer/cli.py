@@ -125,17 +125,20 @@ _RUN_DECODING = {"search": None, "beam_size": 4, "length_penalty": 0.6, "checkpo
 
 
 def _decoding_args(parser, batches=True):
+    # A SavedModel keeps the search it was exported with: these are for --run.
     parser.add_argument("--search", choices=["greedy", "beam"],
-                        help="decoding strategy (default: beam; greedy is --beam-size 1)")
-    parser.add_argument("--beam-size", type=_positive_int, help="1 for greedy decoding (default: 4)")
+                        help="decoding strategy (default: beam; greedy is --beam-size 1); --run only")
+    parser.add_argument("--beam-size", type=_positive_int,
+                        help="1 for greedy decoding (default: 4); --run only")
     parser.add_argument("--length-penalty", type=_non_negative_float,
-                        help="GNMT alpha (default: 0.6); beam search only")
+                        help="GNMT alpha (default: 0.6); beam search and --run only")
     if batches:
         parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
     parser.add_argument("--jit-compile", action="store_true", default=None,
-                        help="compile the search with XLA (faster on CPU; exported graphs then need XLA)")
+                        help="compile the search with XLA (faster on CPU; exported graphs then need XLA); "
+                             "--run only")
     parser.add_argument("--checkpoint", choices=["best", "last", "averaged"],
-                        help="which weights of the run (default: best)")
+                        help="which weights of the run (default: best); --run only")
 
 
 def _check_saved_model_args(args):
@@ -147,7 +150,8 @@ def _check_saved_model_args(args):
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(
             f"{flags} {'applies' if len(given) == 1 else 'apply'} to --run only: a SavedModel decodes with the settings it was "
-            "exported with. Drop them, or export again with them (`keras-transformer export "
+            f"exported with. Drop {'it' if len(given) == 1 else 'them'}, or export again with "
+            f"{'it' if len(given) == 1 else 'them'} (`keras-transformer export "
             "--run RUN --output DIR --beam-size N ...`)."
         )
 

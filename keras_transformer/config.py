@@ -220,6 +220,11 @@ def check_run_folder(path):
     """
     if os.path.exists(os.path.join(path, "config.json")):
         return
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} does not exist, so it is not a training run folder; pass the "
+            "--output-dir of `keras-transformer train`."
+        )
     inside = sorted(
         os.path.join(path, name) for name in (os.listdir(path) if os.path.isdir(path) else [])
         if os.path.exists(os.path.join(path, name, "config.json"))
