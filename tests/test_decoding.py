@@ -374,3 +374,118 @@ def test_growing_caches_give_the_fixed_caches_results(parts):
         np.testing.assert_allclose(to_numpy(results[1][1]), to_numpy(results[0][1]), atol=1e-5)
         eager = search(growing, sources, start_id=START, end_id=END, **kwargs)  # and in eager mode
         np.testing.assert_array_equal(to_numpy(eager[0]), to_numpy(results[0][0]))
+
+
+def _numpy_top_k(x, k):
+    """Reference: the k largest of each row, ties to the lower index."""
+    order = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, axis=-1), order
+
+
+@pytest.mark.parametrize("length", [12, 300, 1000, 8000])
+def test_top_k_is_exact_ties_included(length):
+    """`decoding.top_k.top_k` (on tensorflow, a two-stage block search for
+    long rows) returns NumPy's stable ranking: values and indices, ties to
+    the lower index, rows whose length is not a multiple of the block. (On
+    jax and torch it is the backend's `top_k`, whose ties may come in any
+    order: there the values and that the indices point at them.)"""
+    from keras_transformer.decoding.top_k import top_k
+
+    stable = keras.backend.backend() == "tensorflow"
+
+    rng = np.random.default_rng(length)
+    rows = [
+        rng.normal(size=(5, length)),
+        np.round(rng.normal(size=(5, length))),  # many ties
+        np.zeros((2, length)),  # all tied: the lowest indices
+        np.where(rng.random((3, length)) < 0.9, -np.inf, rng.normal(size=(3, length))),
+    ]
+    x = np.concatenate(rows).astype("float32")
+    x[-1, -5:] = 7.0  # the best entries in the last, padded block
+    for k in sorted({1, 4, 7, 12, min(length, 40)}):
+        values, indices = top_k(x, k)
+        want_values, want_indices = _numpy_top_k(x, k)
+        np.testing.assert_array_equal(to_numpy(values), want_values)
+        np.testing.assert_array_equal(np.take_along_axis(x, to_numpy(indices), axis=-1), want_values)
+        if stable:
+            np.testing.assert_array_equal(to_numpy(indices), want_indices)
+    grouped = x[:12].reshape(3, 4, length)  # leading axes kept
+    np.testing.assert_array_equal(to_numpy(top_k(grouped, 4)[0]), _numpy_top_k(grouped, 4)[0])
+
+
+def _numpy_beam_step(t, log_probs, state, at_limit, end_id, pad_id, blocked, k, alpha):
+    """One beam-search step as the paper's ranking states it, over all `k *
+    vocab` continuations of each sentence (NumPy)."""
+    from keras_transformer.decoding.limits import NEG_LOG_PROB
+
+    sequences, scores, finished, lengths = (np.array(s) for s in state)
+    n, _, vocab = log_probs.shape
+    lp = log_probs.astype("float32").copy()
+    lp[..., list(blocked)] = NEG_LOG_PROB
+    ids = np.arange(vocab)
+    lp = np.where(at_limit[:, None, None] & (ids != end_id), np.float32(NEG_LOG_PROB), lp)
+    only_pad = np.where(ids == pad_id, np.float32(0.0), np.float32(NEG_LOG_PROB))
+    lp = np.where(finished[..., None], only_pad, lp).astype("float32")
+    total = (scores[..., None] + lp).astype("float32")
+    new_length = np.where(finished, lengths, t + 1)
+    penalty = np.power((5.0 + new_length.astype("float32")) / 6.0, np.float32(alpha)).astype("float32")
+    normalised = (total / penalty[..., None]).astype("float32").reshape(n, k * vocab)
+    index = np.argsort(-normalised, axis=1, kind="stable")[:, :k]
+    parent, token = index // vocab, index % vocab
+    new_scores = np.take_along_axis(total.reshape(n, -1), index, axis=1)
+    new_finished = np.take_along_axis(finished, parent, axis=1) | (token == end_id)
+    new_lengths = np.take_along_axis(new_length, parent, axis=1)
+    sequences = np.take_along_axis(sequences, parent[..., None], axis=1)
+    sequences[:, :, t] = token
+    return token, parent, (sequences, new_scores, new_finished, new_lengths)
+
+
+@pytest.mark.parametrize("vocab, beam_size, blocked", [(12, 4, (0, 2)), (6, 4, (0, 2, 5)), (700, 4, (0, 1, 2)),
+                                                       (8000, 5, (0, 1, 3, 7))])
+def test_beam_step_ranks_as_the_whole_vocabulary(vocab, beam_size, blocked):
+    """`BeamSearch.step` ranks a few candidates per hypothesis; it picks
+    what ranking all `beam_size * vocab` continuations picks (a NumPy
+    reference), scores and ties included, on the states a search reaches:
+    the first step (only beam 0 alive), finished hypotheses, sentences at
+    their limit, hypotheses left with `NEG_LOG_PROB` by a limit, rounded
+    log-probabilities full of ties, and vocabularies with fewer than
+    `beam_size` allowed ids. (Ties rank lower ids first on tensorflow; on
+    jax and torch, whose `top_k` orders ties as it likes, the chosen scores
+    are compared.)"""
+    from keras_transformer.decoding.limits import NEG_LOG_PROB
+    from keras_transformer.decoding.strategies import BeamSearch
+
+    rng = np.random.default_rng(vocab)
+    k, n, length, end_id, pad_id = beam_size, 6, 9, 3, 0
+    for trial in range(12):
+        strategy = BeamSearch(k, length_penalty=[0.0, 0.6, 1.0][trial % 3])
+        logits = rng.normal(0.0, 3.0, (n, k, vocab))
+        if trial % 2:
+            logits = np.round(logits)
+        log_probs = (logits - np.log(np.exp(logits).sum(-1, keepdims=True))).astype("float32")
+        at_limit = rng.random(n) < 0.4
+        if trial % 4 == 0:  # the first step
+            t = 0
+            scores = np.tile(np.array([0.0] + [NEG_LOG_PROB] * (k - 1), "float32"), (n, 1))
+            finished = np.zeros((n, k), bool)
+            lengths = np.zeros((n, k), "int32")
+        else:
+            t = int(rng.integers(1, length - 1))
+            scores = -rng.random((n, k)).astype("float32") * 20
+            finished = rng.random((n, k)) < 0.4
+            lengths = np.where(finished, rng.integers(1, t + 1, (n, k)), t).astype("int32")
+            # Hypotheses a limit left at NEG_LOG_PROB: the sentence is past its limit.
+            scores = np.where((rng.random((n, k)) < 0.3) & at_limit[:, None] & ~finished,
+                              np.float32(NEG_LOG_PROB), scores).astype("float32")
+        sequences = rng.integers(0, vocab, (n, k, length)).astype("int32")
+        state = (sequences, scores, finished, lengths)
+        got = strategy.step(t, ops.convert_to_tensor(log_probs), tuple(ops.convert_to_tensor(s) for s in state),
+                            ops.convert_to_tensor(at_limit), end_id, pad_id, blocked, None)
+        want = _numpy_beam_step(t, log_probs, state, at_limit, end_id, pad_id, blocked, k, strategy.length_penalty)
+        np.testing.assert_array_equal(np.sort(to_numpy(got[2][1]), axis=1), np.sort(want[2][1], axis=1))
+        if keras.backend.backend() != "tensorflow":
+            continue
+        np.testing.assert_array_equal(to_numpy(got[0]), want[0], err_msg=f"tokens, trial {trial}")
+        np.testing.assert_array_equal(to_numpy(got[1]), want[1], err_msg=f"parents, trial {trial}")
+        for name, a, b in zip(("sequences", "scores", "finished", "lengths"), got[2], want[2]):
+            np.testing.assert_array_equal(to_numpy(a), b, err_msg=f"{name}, trial {trial}")

@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 
+from conftest import to_numpy
 from keras_transformer import TransformerParts
 from keras_transformer import beam_search
 from keras_transformer import build_transformer
@@ -48,12 +49,12 @@ def test_strategies_return_what_the_search_functions_return(parts):
     ids = dict(start_id=START, end_id=END)
     tokens, scores = strategies.GreedySearch()(parts, SOURCES, **ids)
     want_tokens, want_scores = greedy_search(parts, SOURCES, **ids)
-    np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(want_tokens))
-    np.testing.assert_allclose(np.asarray(scores)[:, 0], np.asarray(want_scores), atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(tokens)[:, 0], to_numpy(want_tokens))
+    np.testing.assert_allclose(to_numpy(scores)[:, 0], to_numpy(want_scores), atol=1e-6)
     tokens, scores = strategies.BeamSearch(3, 0.6, n_best=2)(parts, SOURCES, **ids)
     want_tokens, want_scores = beam_search(parts, SOURCES, beam_size=3, n_best=2, **ids)
-    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(want_tokens))
-    np.testing.assert_allclose(np.asarray(scores), np.asarray(want_scores), atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(want_tokens))
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(want_scores), atol=1e-6)
     with pytest.raises(ValueError, match="n_best=1"):
         strategies.GreedySearch()(parts, SOURCES, n_best=2, **ids)
 

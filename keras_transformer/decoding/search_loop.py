@@ -13,10 +13,13 @@ A strategy is an object with:
 - `beams`: hypotheses per sentence (rows of the decoder batch);
 - `initial_state(batch, length, pad_id, attention_shape)`: a tuple of
   tensors whose first axis is the sentence;
-- `step(t, log_probs, state, at_limit, end_id, pad_id, attention)`: with
-  `log_probs` float32 `(n, beams, vocab)` (the suppressed ids already at
-  `NEG_LOG_PROB`), `at_limit` bool `(n,)` (the sentence's last allowed
-  token) and `attention` the last layer's cross-attention weights or None,
+- `step(t, log_probs, state, at_limit, end_id, pad_id, blocked,
+  attention)`: with `log_probs` float32 `(n, beams, vocab)` (the model's),
+  `at_limit` bool `(n,)` (the sentence's last allowed token), `blocked` a
+  sorted tuple of the ids never to pick (`pad_id`, `start_id` and the
+  suppressed ids: the strategy gives them `NEG_LOG_PROB`, see
+  `limits.suppress_ids`) and `attention` the last layer's cross-attention
+  weights or None,
   returns `(tokens (n, beams), parent (n, beams) or None, state)`: the next
   tokens and, for each, the beam it extends (None: the same one);
 - `settled(state, limits)`: bool `(n,)`, the sentence's result is final;
@@ -37,7 +40,6 @@ from keras import ops
 from keras_transformer.decoding.growing_cache import relax_batch
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
-from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.limits import unflatten_caches
 from keras_transformer.layers.id_range import check_id_range
 
@@ -82,7 +84,7 @@ def dynamic_decode(
         `strategy.finalize(state)`.
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
-    blocked = (pad_id, start_id, *suppressed_ids)
+    blocked = tuple(sorted({int(i) for i in (pad_id, start_id, *suppressed_ids) if i is not None}))
     vocab = parts.vocab_size
     length = output_length(parts, max_length)
     k = strategy.beams
@@ -110,11 +112,10 @@ def dynamic_decode(
             last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_outputs_mask,
             weights=weights, **attention_setting,
         )
-        log_probs = suppress_ids(ops.log_softmax(outputs[0], axis=-1), vocab, blocked)
-        log_probs = ops.reshape(log_probs, (-1, k, vocab))
+        log_probs = ops.reshape(ops.log_softmax(outputs[0], axis=-1), (-1, k, vocab))
         attention = outputs[2] if return_attention_scores else None
         tokens, parent, state = strategy.step(
-            t, log_probs, state, ops.greater_equal(t + 1, limits), end_id, pad_id, attention
+            t, log_probs, state, ops.greater_equal(t + 1, limits), end_id, pad_id, blocked, attention
         )
         rows = None  # the cache row each new row continues
         if parent is not None:

@@ -19,7 +19,9 @@ import math
 from keras import ops
 
 from keras_transformer.decoding.limits import NEG_LOG_PROB
+from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.search_loop import dynamic_decode
+from keras_transformer.decoding.top_k import top_k
 
 
 def length_penalty_factor(length, alpha):
@@ -98,9 +100,9 @@ class GreedySearch(SearchStrategy):
         return (ops.full((batch, length), pad_id, "int32"), ops.zeros((batch,), "bool"),
                 ops.zeros((batch,), "float32"), ops.zeros(shape, "float32"))
 
-    def step(self, t, log_probs, state, at_limit, end_id, pad_id, attention):
+    def step(self, t, log_probs, state, at_limit, end_id, pad_id, blocked, attention):
         tokens, finished, scores, weights = state
-        log_probs = log_probs[:, 0]
+        log_probs = suppress_ids(log_probs[:, 0], log_probs.shape[-1], blocked)
         positions = ops.arange(tokens.shape[1], dtype="int32")
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
         best = ops.where(at_limit, end_id, best)
@@ -205,22 +207,42 @@ class BeamSearch(SearchStrategy):
         return (ops.full((batch, k, length), pad_id, "int32"), scores,
                 ops.zeros((batch, k), "bool"), ops.zeros((batch, k), "int32"))
 
-    def step(self, t, log_probs, state, at_limit, end_id, pad_id, attention):
+    def step(self, t, log_probs, state, at_limit, end_id, pad_id, blocked, attention):
         sequences, scores, finished, lengths = state
         n, k, vocab = ops.shape(scores)[0], self.beam_size, log_probs.shape[-1]
-        vocab_ids = ops.arange(vocab, dtype="int32")
+        # The search ranks all `k * vocab` continuations of a sentence. Only
+        # a few per hypothesis can be among its `k` best, so the scores are
+        # computed for those candidates alone: the top `k + len(blocked)`
+        # log-probabilities of each hypothesis (at least `k` of them not
+        # blocked), the end and pad ids (the only tokens of a hypothesis at
+        # its limit or finished) and the `k + 1` lowest ids (the
+        # `NEG_LOG_PROB` entries the full ranking would take, lowest id
+        # first, when a sentence has fewer than `k` possible continuations).
+        # They are ranked in id order with the formulas of the full
+        # ranking, so the picks, ties included, are the same.
+        _, best = top_k(log_probs, min(k + len(blocked), vocab))
+        always = sorted({i for i in (end_id, pad_id, *range(k + 1)) if 0 <= i < vocab})
+        ids = ops.concatenate([best, ops.broadcast_to(ops.convert_to_tensor(always, "int32"), (n, k, len(always)))], -1)
+        ids = ops.sort(ids, axis=-1)
+        repeated = ops.concatenate([ops.zeros((n, k, 1), "bool"), ops.equal(ids[..., 1:], ids[..., :-1])], -1)
+        candidates = ids.shape[-1]
+        log_probs = ops.take_along_axis(log_probs, ids, axis=-1)  # (n, k, candidates)
+        if blocked:
+            is_blocked = ops.any(ops.equal(ops.expand_dims(ids, -1), ops.convert_to_tensor(blocked, "int32")), -1)
+            log_probs = ops.where(is_blocked, NEG_LOG_PROB, log_probs)
         at_limit = ops.reshape(at_limit, (n, 1, 1))
-        log_probs = ops.where(ops.logical_and(at_limit, ops.not_equal(vocab_ids, end_id)), NEG_LOG_PROB, log_probs)
-        only_pad = ops.where(ops.equal(vocab_ids, pad_id), 0.0, NEG_LOG_PROB)  # (V,)
+        log_probs = ops.where(ops.logical_and(at_limit, ops.not_equal(ids, end_id)), NEG_LOG_PROB, log_probs)
+        only_pad = ops.where(ops.equal(ids, pad_id), 0.0, NEG_LOG_PROB)
         log_probs = ops.where(ops.expand_dims(finished, -1), only_pad, log_probs)
-        total = ops.expand_dims(scores, -1) + log_probs  # (n, k, V)
+        total = ops.expand_dims(scores, -1) + log_probs  # (n, k, candidates)
         new_length = ops.where(finished, lengths, t + 1)
         normalised = total / ops.expand_dims(length_penalty_factor(new_length, self.length_penalty), -1)
-        _, index = ops.top_k(ops.reshape(normalised, (n, k * vocab)), k)
+        normalised = ops.where(repeated, float("-inf"), normalised)  # an id listed twice counts once
+        _, index = ops.top_k(ops.reshape(normalised, (n, k * candidates)), k)
         index = ops.cast(index, "int32")
-        parent = index // vocab
-        token = index % vocab
-        scores = ops.take_along_axis(ops.reshape(total, (n, k * vocab)), index, axis=1)
+        parent = index // candidates
+        token = ops.take_along_axis(ops.reshape(ids, (n, k * candidates)), index, axis=1)
+        scores = ops.take_along_axis(ops.reshape(total, (n, k * candidates)), index, axis=1)
         was_finished = ops.take_along_axis(finished, parent, axis=1)
         lengths = ops.take_along_axis(new_length, parent, axis=1)
         finished = ops.logical_or(was_finished, ops.equal(token, end_id))
