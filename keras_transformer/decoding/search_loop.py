@@ -168,6 +168,15 @@ def dynamic_decode(
         keep = ops.cast(ops.reshape(ops.where(ops.logical_not(done)), (-1,)), "int32")
         kept_rows = ops.reshape(ops.expand_dims(keep * k, 1) + ops.arange(k, dtype="int32"), (-1,))
         cache_rows = kept_rows if rows is None else ops.take(rows, kept_rows, axis=0)
+        # The source-side tensors change only on the steps where a sentence
+        # leaves: the cross-attention caches are the largest tensors of the
+        # loop, and gathering them every step was a tenth of its time.
+        source_side = (*cross, encoder_outputs_mask)
+        source_side = ops.cond(
+            ops.any(done),
+            lambda: tuple(ops.take(c, kept_rows, axis=0) for c in source_side),
+            lambda: source_side,
+        )
         return (
             t + 1,
             ops.reshape(ops.take(tokens, keep, axis=0), (-1,)),
@@ -175,8 +184,7 @@ def dynamic_decode(
             *[ops.take(value, keep, axis=0) for value in state],
             *new_out,
             *[ops.take(cache, cache_rows, axis=0) for cache in new_caches],
-            *[ops.take(c, kept_rows, axis=0) for c in cross],
-            ops.take(encoder_outputs_mask, kept_rows, axis=0),
+            *source_side,
             ops.take(limits, keep, axis=0),
         )
 

@@ -246,9 +246,13 @@ class BeamSearch(SearchStrategy):
         was_finished = ops.take_along_axis(finished, parent, axis=1)
         lengths = ops.take_along_axis(new_length, parent, axis=1)
         finished = ops.logical_or(was_finished, ops.equal(token, end_id))
-        sequences = ops.take_along_axis(sequences, ops.expand_dims(parent, -1), axis=1)
+        # Rows of the flattened hypotheses: a plain gather, where
+        # `take_along_axis` broadcasts and transposes the index.
+        length = sequences.shape[-1]
+        rows = ops.reshape(ops.expand_dims(ops.arange(n, dtype="int32") * k, 1) + parent, (-1,))
+        sequences = ops.reshape(ops.take(ops.reshape(sequences, (-1, length)), rows, axis=0), (n, k, length))
         # `where` on a position mask: cheaper than `slice_update` on tensorflow.
-        positions = ops.arange(sequences.shape[-1], dtype="int32")
+        positions = ops.arange(length, dtype="int32")
         sequences = ops.where(
             ops.reshape(ops.equal(positions, t), (1, 1, -1)), ops.expand_dims(token, -1), sequences
         )
