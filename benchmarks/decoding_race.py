@@ -12,6 +12,10 @@ strings out (SentencePiece included), beam 4, in these contenders:
 - `saved_model_now`: the first SavedModel exported again by this version of
   the library (its weights, tokenizers and search), the same way;
   `saved_model_int8` the same with int8 weight storage;
+  `saved_model_now_xla` the same exported with `--jit-compile` (the search
+  compiled by XLA, as TF Serving runs it with
+  `--xla_cpu_compilation_enabled=true`; each new batch size and source
+  length, padded to a multiple of 8, compiles once, in the first round);
   `saved_model_now_1thread` the same with one TensorFlow thread for ops and
   one inside them (TF Serving's `--tensorflow_inter_op_parallelism=1
   --tensorflow_intra_op_parallelism=1`): less thread hand-off per small op;
@@ -185,6 +189,10 @@ def main():
     plan.append(("saved_model_now_1thread", "saved_model@1x1", reexport))
     int8 = export_translator(again, os.path.join(work, "saved_model_int8"), weights_dtype="int8")
     plan.append(("saved_model_int8", "saved_model", int8))
+    compiled = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
+                                           length_penalty=exported["decoding"]["length_penalty"], jit_compile=True)
+    plan.append(("saved_model_now_xla", "saved_model",
+                 export_translator(compiled, os.path.join(work, "saved_model_now_xla"))))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
              ("ct2_int8", "ct2_int8", ct2_int8)]
     contenders = []
