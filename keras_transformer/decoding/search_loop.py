@@ -154,39 +154,46 @@ def dynamic_decode(
     def cond(t, last, *rest):
         return ops.logical_and(t < length, ops.shape(last)[0] > 0)
 
+    # This path runs on tensorflow only (growing caches): `tf.gather` is
+    # `ops.take` without its handling of negative indices (six more ops).
+    import tensorflow as tf
+
     def body(*loop_vars):
         t, last, alive, state, out, caches, cross, encoder_outputs_mask, limits = split(loop_vars)
         tokens, state, new_caches, rows = step(t, last, state, caches, cross, encoder_outputs_mask, limits)
         done = ops.logical_or(strategy.settled(state, limits), t + 1 >= length)
-        # The final states of the sentences that are done; the others go on.
-        where_alive = ops.expand_dims(alive, 1)
-        new_out = []
-        for value, stored in zip(state, out):
-            done_here = ops.reshape(done, (-1,) + (1,) * (len(value.shape) - 1))
-            merged = ops.where(done_here, value, ops.take(stored, alive, axis=0))
-            new_out.append(ops.scatter_update(stored, where_alive, merged))
-        keep = ops.cast(ops.reshape(ops.where(ops.logical_not(done)), (-1,)), "int32")
-        kept_rows = ops.reshape(ops.expand_dims(keep * k, 1) + ops.arange(k, dtype="int32"), (-1,))
-        cache_rows = kept_rows if rows is None else ops.take(rows, kept_rows, axis=0)
-        # The source-side tensors change only on the steps where a sentence
-        # leaves: the cross-attention caches are the largest tensors of the
-        # loop, and gathering them every step was a tenth of its time.
-        source_side = (*cross, encoder_outputs_mask)
-        source_side = ops.cond(
-            ops.any(done),
-            lambda: tuple(ops.take(c, kept_rows, axis=0) for c in source_side),
-            lambda: source_side,
-        )
-        return (
-            t + 1,
-            ops.reshape(ops.take(tokens, keep, axis=0), (-1,)),
-            ops.take(alive, keep, axis=0),
-            *[ops.take(value, keep, axis=0) for value in state],
-            *new_out,
-            *[ops.take(cache, cache_rows, axis=0) for cache in new_caches],
-            *source_side,
-            ops.take(limits, keep, axis=0),
-        )
+        tokens = ops.reshape(tokens, (-1,))
+
+        def all_go_on():
+            # Most steps: nobody leaves, so only the caches are reordered
+            # (by parent hypothesis); the source side, the stored final
+            # states and the sentence order stay as they are.
+            kept_caches = new_caches if rows is None else [tf.gather(cache, rows) for cache in new_caches]
+            return (tokens, alive, *state, *out, *kept_caches, *cross, encoder_outputs_mask, limits)
+
+        def some_leave():
+            # The final states of the sentences that are done; the others go on.
+            where_alive = ops.expand_dims(alive, 1)
+            new_out = []
+            for value, stored in zip(state, out):
+                done_here = ops.reshape(done, (-1,) + (1,) * (len(value.shape) - 1))
+                merged = ops.where(done_here, value, tf.gather(stored, alive))
+                new_out.append(ops.scatter_update(stored, where_alive, merged))
+            keep = ops.cast(ops.reshape(ops.where(ops.logical_not(done)), (-1,)), "int32")
+            kept_rows = ops.reshape(ops.expand_dims(keep * k, 1) + ops.arange(k, dtype="int32"), (-1,))
+            cache_rows = kept_rows if rows is None else tf.gather(rows, kept_rows)
+            return (
+                ops.reshape(tf.gather(ops.reshape(tokens, (-1, k)), keep), (-1,)),
+                tf.gather(alive, keep),
+                *[tf.gather(value, keep) for value in state],
+                *new_out,
+                *[tf.gather(cache, cache_rows) for cache in new_caches],
+                *[tf.gather(c, kept_rows) for c in cross],
+                tf.gather(encoder_outputs_mask, kept_rows),
+                tf.gather(limits, keep),
+            )
+
+        return (t + 1, *tf.cond(ops.any(done), some_leave, all_go_on))
 
     alive = ops.arange(batch, dtype="int32")
     outputs = ops.while_loop(
