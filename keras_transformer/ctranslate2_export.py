@@ -328,10 +328,26 @@ class CTranslate2Translator:
 
     def translate_pieces(self, pieces, beam_size=4, length_penalty=1.0, max_decoding_length=None,
                          max_batch_size=0):
-        """CTranslate2's results for pre-tokenized input."""
+        """CTranslate2's results for pre-tokenized input.
+
+        `max_decoding_length` (default and maximum: the position table's
+        rows less one, for the start token) caps the output tokens; where
+        ours forces the end token at that limit, CTranslate2 stops there.
+
+        Raises:
+            ValueError: for a `max_decoding_length` beyond the position table.
+        """
+        limit = self._source_sequence_length - 1
+        if max_decoding_length is None:
+            max_decoding_length = limit
+        elif not 1 <= int(max_decoding_length) <= limit:
+            raise ValueError(
+                f"max_decoding_length={max_decoding_length} is outside [1, {limit}]: the model's position "
+                f"table has {limit + 1} rows, one of them for the start token. Pass at most {limit}."
+            )
         return self.translator.translate_batch(
             pieces, beam_size=beam_size, length_penalty=length_penalty,
-            max_decoding_length=max_decoding_length or self._source_sequence_length,
+            max_decoding_length=int(max_decoding_length),
             disable_unk=True, suppress_sequences=self._suppressed, max_batch_size=max_batch_size,
         )
 
