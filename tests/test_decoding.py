@@ -455,6 +455,8 @@ def test_beam_step_ranks_as_the_whole_vocabulary(vocab, beam_size, blocked):
     from keras_transformer.decoding.limits import NEG_LOG_PROB
     from keras_transformer.decoding.strategies import BeamSearch
 
+    if vocab > 1000 and keras.backend.backend() != "tensorflow":
+        pytest.skip("the block top-k of long rows is tensorflow's; 700 covers the candidates here (CI time)")
     rng = np.random.default_rng(vocab)
     k, n, length, end_id, pad_id = beam_size, 6, 9, 3, 0
     for trial in range(12):
