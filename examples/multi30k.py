@@ -68,9 +68,19 @@ def config_for(args):
         src_vocab_size=8000, tgt_vocab_size=8000,
         shared_vocab=True, tie_embeddings="all", dropout_rate=0.2,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
-        epochs=args.epochs, tokens_per_batch=4096, warmup_steps=1000, lr_scale=0.8, sequence_length=64,
+        epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps, lr_scale=0.8, sequence_length=64,
         early_stopping_patience=10, keep_checkpoints=10, average_last=10, bleu_every=5,
     )
+
+
+def recipe_flags(tc):
+    """The command-line flags that reproduce `tc` where it differs from the recipe."""
+    flags = ""
+    if tc["tokens_per_batch"] != 4096:
+        flags += f" --tokens-per-batch {tc['tokens_per_batch']}"
+    if tc["warmup_steps"] != 1000:
+        flags += f" --warmup-steps {tc['warmup_steps']}"
+    return flags
 
 
 def cpu_name():
@@ -256,7 +266,7 @@ set was translated once, by the chosen SavedModel.
 ## Reproduce
 
 ```bash
-python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} --epochs {tc['epochs']} train
+python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} --epochs {tc['epochs']}{recipe_flags(tc)} train
 python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} ship
 keras-transformer evaluate --saved-model saved_models/multi30k-{m['pair']} \\
     --src ../shared/data/multi30k/test_2016_flickr.{source}.gz --ref ../shared/data/multi30k/test_2016_flickr.{target}.gz
@@ -281,6 +291,10 @@ def main():
     parser.add_argument("--run", help="run folder (default: runs/multi30k-PAIR)")
     parser.add_argument("--output", help="SavedModel folder (default: saved_models/multi30k-PAIR)")
     parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--tokens-per-batch", type=int, default=4096,
+                        help="tokens per batch and side (the recipe: 4096)")
+    parser.add_argument("--warmup-steps", type=int, default=1000,
+                        help="warm-up steps of the learning-rate schedule (the recipe: 1000)")
     parser.add_argument("--steps-per-epoch", type=int, default=133,
                         help="steps of an epoch, for logs written before steps were recorded")
     args = parser.parse_args()
