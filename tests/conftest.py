@@ -28,6 +28,39 @@ def multi30k_dir():
     return path
 
 
+def _runs_backends(item):
+    return item.path.name == "test_backends.py"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The jax and torch runs of `test_backends.py` wait at the end, so that
+    their processes (started in `pytest_collection_finish`) run beside the
+    tensorflow tests rather than after them."""
+    items[:] = [item for item in items if not _runs_backends(item)] + [
+        item for item in items if _runs_backends(item)
+    ]
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+        return
+    if not any(_runs_backends(item) for item in session.items) or session.config.option.collectonly:
+        return
+    import tempfile
+
+    from test_backends import start_backend_runs
+
+    session.config.backend_runs = start_backend_runs(tempfile.mkdtemp(prefix="backends-"))
+
+
+def pytest_sessionfinish(session):
+    runs = getattr(session.config, "backend_runs", None)
+    if runs is not None:
+        from test_backends import stop_backend_runs
+
+        stop_backend_runs(runs)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fused_kernels():
     """Builds the fused CPU training kernels once, as `train` does, so that

@@ -2,7 +2,9 @@
 
 Keras fixes its backend at import, so each backend runs in its own pytest
 process. Layers, model, decoding, losses, metrics and the schedule must
-pass on all three backends.
+pass on all three backends. The processes start right after collection
+(`conftest.py`) and run beside the tensorflow tests at a lower priority;
+these tests run last and wait for them.
 """
 
 import os
@@ -28,31 +30,51 @@ NEUTRAL_FILES = [
 BACKENDS = ["jax", "torch"]
 
 
-@pytest.fixture(scope="module")
-def backend_runs(tmp_path_factory):
-    """One pytest process per backend, all started at once: they run side
-    by side on the machine's cores while this process waits (their output
-    goes to files, so neither blocks on a full pipe)."""
-    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
-        pytest.skip("already running on another backend")
-    folder = tmp_path_factory.mktemp("backends")
+def start_backend_runs(folder):
+    """Start one pytest process per backend over `NEUTRAL_FILES`, at a lower
+    CPU priority, writing to files in `folder` (so that neither blocks on a
+    full pipe). `conftest.py` calls this as soon as collection ends, so the
+    runs use the cores the tensorflow tests leave idle; the tests below,
+    which pytest runs last, wait for them.
+
+    Returns:
+        dict backend -> (process, stdout file, stderr file).
+    """
     runs = {}
     for backend in BACKENDS:
         env = dict(os.environ, KERAS_BACKEND=backend)
-        out = open(folder / f"{backend}.out", "w+")
-        err = open(folder / f"{backend}.err", "w+")
+        out = open(os.path.join(folder, f"{backend}.out"), "w+")
+        err = open(os.path.join(folder, f"{backend}.err"), "w+")
         process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NEUTRAL_FILES],
-            cwd=REPO, env=env, stdout=out, stderr=err, text=True,
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--durations=15", *NEUTRAL_FILES],
+            cwd=REPO, env=env, stdout=out, stderr=err, text=True, preexec_fn=lambda: os.nice(10),
         )
         runs[backend] = (process, out, err)
-    yield runs
+    return runs
+
+
+def stop_backend_runs(runs):
     for process, out, err in runs.values():
         if process.poll() is None:
             process.kill()
             process.wait()
         out.close()
         err.close()
+
+
+@pytest.fixture(scope="module")
+def backend_runs(request, tmp_path_factory):
+    """The runs `conftest.py` started after collection, or (when this
+    module's tests were selected some other way) new ones."""
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+        pytest.skip("already running on another backend")
+    runs = getattr(request.config, "backend_runs", None)
+    if runs is not None:
+        yield runs
+        return
+    runs = start_backend_runs(tmp_path_factory.mktemp("backends"))
+    yield runs
+    stop_backend_runs(runs)
 
 
 @pytest.mark.slow

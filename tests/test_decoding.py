@@ -196,12 +196,18 @@ def reference_beam_search(table, beam_size, alpha, n_best):
     return tokens, np.array([normalised(hyp) for hyp in best], "float32"), steps
 
 
+BACKEND_GRID = [(0.0, 1, 1), (0.6, 3, 1), (2.0, 4, 2), (0.6, 4, 4)]
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("beam_size, n_best", [(1, 1), (3, 1), (4, 2), (4, 4)])
 def test_beam_search_equals_reference_without_early_stop(alpha, beam_size, n_best):
     """Stopping once the n-best are beyond reach returns exactly what
     decoding every hypothesis to its end returns (NumPy reference), in no
     more steps than it takes every hypothesis to finish."""
+    if keras.backend.backend() != "tensorflow" and (alpha, beam_size, n_best) not in BACKEND_GRID:
+        pytest.skip("the whole grid runs on tensorflow; jax and torch run BACKEND_GRID, "
+                    "which has each length penalty and each beam once (eager searches are slow there)")
     counting = keras.backend.backend() != "jax"
     fewer_steps = 0
     for seed in range(6):
