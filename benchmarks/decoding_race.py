@@ -16,6 +16,8 @@ strings out (SentencePiece included), beam 4, in these contenders:
   compiled by XLA, as TF Serving runs it with
   `--xla_cpu_compilation_enabled=true`; each new batch size and source
   length, padded to a multiple of 8, compiles once, in the first round);
+  `saved_model_now_hybrid` the same with `--xla-max-batch-size` (XLA for
+  batches up to that size, the plain graph above);
   `saved_model_now_1thread` the same with one TensorFlow thread for ops and
   one inside them (TF Serving's `--tensorflow_inter_op_parallelism=1
   --tensorflow_intra_op_parallelism=1`): less thread hand-off per small op;
@@ -147,6 +149,8 @@ def main():
     parser.add_argument("--sentences", type=int, default=512, help="test sentences at batch 32")
     parser.add_argument("--batch1-sentences", type=int, default=64, help="of which timed at batch 1")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--xla-max-batch-size", type=int, default=4,
+                        help="the hybrid contender's largest XLA batch")
     parser.add_argument("--quick", action="store_true", help="64 sentences, 8 at batch 1, one round")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -193,6 +197,11 @@ def main():
                                            length_penalty=exported["decoding"]["length_penalty"], jit_compile=True)
     plan.append(("saved_model_now_xla", "saved_model",
                  export_translator(compiled, os.path.join(work, "saved_model_now_xla"))))
+    hybrid = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
+                                         length_penalty=exported["decoding"]["length_penalty"], jit_compile=True,
+                                         xla_max_batch_size=args.xla_max_batch_size)
+    plan.append(("saved_model_now_hybrid", "saved_model",
+                 export_translator(hybrid, os.path.join(work, "saved_model_now_hybrid"))))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
              ("ct2_int8", "ct2_int8", ct2_int8)]
     contenders = []

@@ -121,7 +121,8 @@ def _add_training_args(parser):
 
 
 # Decoding settings of a run; a SavedModel has its own, fixed by `export`.
-_RUN_DECODING = {"search": None, "beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False}
+_RUN_DECODING = {"search": None, "beam_size": 4, "length_penalty": 0.6, "checkpoint": "best", "jit_compile": False,
+                 "xla_max_batch_size": None}
 
 
 def _decoding_args(parser, batches=True):
@@ -137,6 +138,9 @@ def _decoding_args(parser, batches=True):
     parser.add_argument("--jit-compile", action="store_true", default=None,
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA); "
                              "--run only")
+    parser.add_argument("--xla-max-batch-size", type=_positive_int,
+                        help="with --jit-compile: batches of at most this many sentences take the XLA search, "
+                             "larger ones the plain graph (faster there); --run only")
     parser.add_argument("--checkpoint", choices=["best", "last", "averaged"],
                         help="which weights of the run (default: best); --run only")
 
@@ -403,7 +407,8 @@ def _export_ctranslate2(args):
     if args.weights_dtype != "float32":
         raise ValueError("--weights-dtype is for SavedModels; a CTranslate2 model takes "
                          "--quantization (e.g. int8 or float16).")
-    given = [name for name in ("search", "beam_size", "length_penalty", "jit_compile") if getattr(args, name) is not None]
+    given = [name for name in ("search", "beam_size", "length_penalty", "jit_compile", "xla_max_batch_size")
+             if getattr(args, name) is not None]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to a CTranslate2 model: its search is chosen when "

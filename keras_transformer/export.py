@@ -156,6 +156,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             length_ratio=translator.length_ratio,
             allow_unk=translator.allow_unk,
             jit_compile=translator.jit_compile,
+            xla_max_batch_size=translator.xla_max_batch_size,
         )
     if weights_dtype == "int8":
         if translator.jit_compile:
@@ -226,6 +227,8 @@ def export_translator(translator, path, weights_dtype="float32"):
             "length_penalty": translator.length_penalty,
             "source_sequence_length": translator.source_sequence_length,
             "allow_unk": translator.allow_unk,
+            "jit_compile": translator.jit_compile,
+            "xla_max_batch_size": translator.xla_max_batch_size,
         },
         "weights_dtype": weights_dtype,
         "lowercase": translator.src_tokenizer.lowercase,

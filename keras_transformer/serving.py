@@ -108,7 +108,8 @@ class ServingSignatures(tf.Module):
         if weights is not None:
             # The search inlines into each function, so that it reads the
             # rebuilt matrices of that function's scope.
-            translator._search = translator._search_ids
+            translator._search = lambda source_ids, n_best: translator._search_ids(
+                translator._parts, source_ids, n_best)
 
     @_signature(TEXT_SPEC)
     def serve(self, text):

@@ -52,10 +52,15 @@ class Translator(tf.Module):
         length_ratio: optional float; outputs stop at
             `ceil(length_ratio * source_tokens) + 10` tokens if that is
             sooner.
-        jit_compile: bool, compile the search loop with XLA (about 3x
+        jit_compile: bool, compile the search loop with XLA (about 2x
             lower latency on a CPU for batch 1). Source lengths are then
             padded to a multiple of 8 so that few shapes get compiled. A
             SavedModel exported with it needs a TF Serving build with XLA.
+        xla_max_batch_size: optional int >= 1, with `jit_compile=True`:
+            batches of at most this many sentences take the XLA search and
+            larger ones the plain graph search (growing caches), which is
+            faster on a CPU from about batch 8 (see `docs/benchmarks.md`).
+            Both give the same translations. Default: every batch takes XLA.
         allow_unk: bool, let the search output the unknown id (which
             detokenizes as " ⁇ "). By default it is never a candidate, as
             pad and start never are, so translations hold no special token.
@@ -72,8 +77,9 @@ class Translator(tf.Module):
         ValueError: on a Keras backend other than tensorflow, for
             `beam_size` below 1 or above the target vocabulary, a
             `length_penalty` that is negative or not finite, `max_length`
-            below 1, `length_ratio` not a finite number above 0, or tokenizers that do not
-            fit the model.
+            below 1, `length_ratio` not a finite number above 0,
+            `xla_max_batch_size` below 1 or without `jit_compile=True`, or
+            tokenizers that do not fit the model.
 
     Example:
     >>> from keras_transformer import build_transformer
@@ -101,6 +107,7 @@ class Translator(tf.Module):
         max_length=None,
         length_ratio=None,
         jit_compile=False,
+        xla_max_batch_size=None,
         allow_unk=False,
         name=None,
     ):
@@ -127,6 +134,13 @@ class Translator(tf.Module):
             math.isfinite(float(length_ratio)) and float(length_ratio) > 0
         ):
             raise ValueError(f"`length_ratio` must be a finite number > 0; got {length_ratio}.")
+        if xla_max_batch_size is not None:
+            if not jit_compile:
+                raise ValueError("`xla_max_batch_size` chooses which batches take the XLA search; "
+                                 "pass it with jit_compile=True (`--jit-compile`), or drop it.")
+            if int(xla_max_batch_size) < 1:
+                raise ValueError(f"`xla_max_batch_size` must be at least 1 sentence; got {xla_max_batch_size}.")
+            xla_max_batch_size = int(xla_max_batch_size)
         # Decoding runs in float32: a model trained under a mixed-precision
         # policy is copied with float32 compute (its variables are float32
         # already, so the weights are the same numbers).
@@ -162,8 +176,21 @@ class Translator(tf.Module):
         self.length_ratio = length_ratio
         self.source_sequence_length = self._parts.source_sequence_length
         self.jit_compile = bool(jit_compile)
+        self.xla_max_batch_size = xla_max_batch_size
         self.allow_unk = bool(allow_unk)
-        self._search = tf.function(self._search_ids, jit_compile=self.jit_compile)
+        self._search = tf.function(
+            lambda source_ids, n_best: self._search_ids(self._parts, source_ids, n_best),
+            jit_compile=self.jit_compile,
+        )
+        self._graph_search = None
+        if xla_max_batch_size is not None:
+            # Large batches: the plain graph, with the growing caches XLA cannot take.
+            graph_parts = TransformerParts(
+                model, pad_id=src_tokenizer.pad_id, growing_cache=growing_cache.available(False)
+            )
+            self._graph_search = tf.function(
+                lambda source_ids, n_best: self._search_ids(graph_parts, source_ids, n_best)
+            )
         self._signatures = None
 
     def attention(self, text):
@@ -212,11 +239,21 @@ class Translator(tf.Module):
             if self.beam_size == 1:
                 raise ValueError("Greedy decoding (beam_size=1) returns n_best=1 only.")
             raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
-        if self.jit_compile:
+        if not self.jit_compile:
+            return self._search(source_ids, n_best)
+
+        def compiled():
             length = tf.shape(source_ids)[1]
             padded = tf.minimum((length + 7) // 8 * 8, tf.maximum(self.source_sequence_length, length))
-            source_ids = tf.pad(source_ids, [[0, 0], [0, padded - length]])
-        return self._search(source_ids, n_best)
+            return self._search(tf.pad(source_ids, [[0, 0], [0, padded - length]]), n_best)
+
+        if self._graph_search is None:
+            return compiled()
+        return tf.cond(
+            tf.shape(source_ids)[0] <= self.xla_max_batch_size,
+            compiled,
+            lambda: self._graph_search(source_ids, n_best),
+        )
 
     @staticmethod
     def _strategy(search, beam_size, length_penalty):
@@ -235,8 +272,8 @@ class Translator(tf.Module):
             return strategies.GreedySearch()
         return strategies.BeamSearch(beam_size, 0.6 if length_penalty is None else length_penalty)
 
-    def _search_ids(self, source_ids, n_best):
-        return self.search(self._parts, source_ids, n_best=n_best, **self._search_kwargs())
+    def _search_ids(self, parts, source_ids, n_best):
+        return self.search(parts, source_ids, n_best=n_best, **self._search_kwargs())
 
     def attention_scores(self, text):
         """The translation of one sentence with its cross-attention weights.

@@ -275,7 +275,7 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
-                                   ["--jit-compile"], ["--checkpoint", "last"]])
+                                   ["--jit-compile"], ["--xla-max-batch-size", "2"], ["--checkpoint", "last"]])
 def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, extra):
     """A SavedModel decodes as it was exported: `--beam-size 1` with
     `--saved-model` used to be accepted and ignored (a beam-4 answer to a

@@ -368,6 +368,41 @@ def test_xla_compiled_search_gives_the_same_translations(exported):
         assert fast(INPUTS).numpy().tolist() == translator(INPUTS).numpy().tolist(), name
 
 
+def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path):
+    """xla_max_batch_size=2: batches of one or two sentences take the XLA
+    search, larger ones the graph search; the translations are the plain
+    ones either way, in the Translator and in its export."""
+    translators, _ = exported
+    plain = translators["beam"]
+    hybrid = Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
+                        jit_compile=True, xla_max_batch_size=2)
+    three = plain.encode_source(tf.constant(INPUTS))
+    for rows, xla_traces in ((three, 0), (three[:2], 1), (three[:1], 2)):
+        tokens, scores = hybrid.translate_ids(rows)
+        want_tokens, want_scores = plain.translate_ids(rows)
+        assert hybrid._search.experimental_get_tracing_count() == xla_traces  # which path ran
+        np.testing.assert_array_equal(tokens.numpy(), want_tokens.numpy())
+        np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5, atol=1e-5)
+    path = export_translator(hybrid, str(tmp_path / "hybrid"))
+    with open(os.path.join(path, "keras_transformer.json")) as f:
+        decoding = json.load(f)["decoding"]
+    assert decoding["jit_compile"] is True and decoding["xla_max_batch_size"] == 2
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    for batch in (INPUTS[:1], INPUTS):
+        got = serve(text=tf.constant(batch))["translation"].numpy().tolist()
+        assert got == plain(batch).numpy().tolist()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(xla_max_batch_size=4), "pass it with jit_compile=True"),
+    (dict(jit_compile=True, xla_max_batch_size=0), "at least 1 sentence; got 0"),
+])
+def test_bad_xla_max_batch_size_is_refused(exported, settings, message):
+    plain = exported[0]["beam"]
+    with pytest.raises(ValueError, match=message):
+        Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3, **settings)
+
+
 SAVED_MODEL_CLI = (
     "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
     "sys.argv[0] = 'saved_model_cli'; sys.exit(saved_model_cli.main())"
