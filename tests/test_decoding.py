@@ -43,19 +43,24 @@ def test_cached_step_logits_equal_uncached_full_pass(parts):
 def test_greedy_equals_uncached_argmax_decoding(parts):
     tokens, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
     tokens = to_numpy(tokens)
+    length = parts.target_sequence_length
     for row in range(2):
         prefix = [START]
-        for _ in range(parts.target_sequence_length):
-            logits = to_numpy(parts.decode_uncached(SOURCES[row : row + 1], np.array([prefix], "int32")))
-            candidates = logits[0, -1].copy()
+        for _ in range(length):
+            # The whole prefix through the uncached decoder, padded to one
+            # width (one shape to compile on jax): under the causal mask the
+            # padding after the prefix cannot change its last position.
+            padded = np.array([prefix + [PAD] * (length - len(prefix))], "int32")
+            logits = to_numpy(parts.decode_uncached(SOURCES[row : row + 1], padded))
+            candidates = logits[0, len(prefix) - 1].copy()
             candidates[[PAD, START]] = -np.inf  # never outputs
             nxt = int(candidates.argmax())
-            if len(prefix) == parts.target_sequence_length:
+            if len(prefix) == length:
                 nxt = END  # forced at the limit
             prefix.append(nxt)
             if nxt == END:
                 break
-        want = prefix[1:] + [PAD] * (parts.target_sequence_length + 1 - len(prefix))
+        want = prefix[1:] + [PAD] * (length + 1 - len(prefix))
         np.testing.assert_array_equal(tokens[row], want)
 
 
