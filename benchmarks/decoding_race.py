@@ -5,12 +5,15 @@
     python benchmarks/decoding_race.py --quick                # smoke run
 
 The same weights decode the same test_2016_flickr sentences, strings in and
-strings out (SentencePiece included), beam 4, in these contenders:
+strings out (SentencePiece included), beam 4 with the GNMT length penalty
+0.6, in these contenders:
 
 - `saved_model`: each `--saved-model` through its `serving_default`
-  signature (`tf.saved_model.load`), as TF Serving runs it;
+  signature (`tf.saved_model.load`), as TF Serving runs it, with the search
+  it was exported with (its name then says which beam and penalty, when
+  they are not beam 4 and 0.6: a shipped model's search is chosen on val);
 - `saved_model_now`: the first SavedModel exported again by this version of
-  the library (its weights, tokenizers and search), the same way;
+  the library (its weights and tokenizers; beam 4, 0.6), the same way;
   `saved_model_int8` the same with int8 weight storage;
   `saved_model_now_xla` the same exported with `--jit-compile` (the search
   compiled by XLA, as TF Serving runs it with
@@ -50,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CT2_LENGTH_PENALTY = 0.4
 BEAM_SIZE = 4
+LENGTH_PENALTY = 0.6  # GNMT alpha of every contender exported or rebuilt here
 
 
 # ---------------------------------------------------------------- worker side
@@ -71,10 +75,7 @@ def _load(kind, path):
 
         from keras_transformer.loading import translator_from_saved_model
 
-        with open(os.path.join(path, "keras_transformer.json")) as f:
-            decoding = json.load(f)["decoding"]
-        translator = translator_from_saved_model(path, beam_size=decoding["beam_size"],
-                                                 length_penalty=decoding["length_penalty"])
+        translator = translator_from_saved_model(path, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY)
         return lambda lines: [t.decode("utf-8") for t in translator.serve(tf.constant(lines))["translation"].numpy()]
     if kind.startswith("ct2_"):
         from keras_transformer.ctranslate2_export import CTranslate2Translator
@@ -183,22 +184,28 @@ def main():
 
     with open(os.path.join(first, "keras_transformer.json")) as f:
         exported = json.load(f)
-    again = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
-                                        length_penalty=exported["decoding"]["length_penalty"])
+    again = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY)
     reexport = export_translator(again, os.path.join(work, "saved_model_now"),
                                  weights_dtype=exported.get("weights_dtype", "float32"))
-    plan = [(f"saved_model:{os.path.basename(os.path.normpath(p))}" if len(saved_models) > 1 else "saved_model",
-             "saved_model", p) for p in saved_models]
+    def given_name(path):
+        name = f"saved_model:{os.path.basename(os.path.normpath(path))}" if len(saved_models) > 1 else "saved_model"
+        with open(os.path.join(path, "keras_transformer.json")) as f:
+            search = json.load(f)["decoding"]
+        if (search["beam_size"], search["length_penalty"]) != (BEAM_SIZE, LENGTH_PENALTY):
+            name += f" (its own beam {search['beam_size']}, {search['length_penalty']})"
+        return name
+
+    plan = [(given_name(p), "saved_model", p) for p in saved_models]
     plan.append(("saved_model_now", "saved_model", reexport))
     plan.append(("saved_model_now_1thread", "saved_model@1x1", reexport))
     int8 = export_translator(again, os.path.join(work, "saved_model_int8"), weights_dtype="int8")
     plan.append(("saved_model_int8", "saved_model", int8))
-    compiled = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
-                                           length_penalty=exported["decoding"]["length_penalty"], jit_compile=True)
+    compiled = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                           jit_compile=True)
     plan.append(("saved_model_now_xla", "saved_model",
                  export_translator(compiled, os.path.join(work, "saved_model_now_xla"))))
-    hybrid = translator_from_saved_model(first, beam_size=exported["decoding"]["beam_size"],
-                                         length_penalty=exported["decoding"]["length_penalty"], jit_compile=True,
+    hybrid = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                         jit_compile=True,
                                          xla_max_batch_size=args.xla_max_batch_size)
     plan.append(("saved_model_now_hybrid", "saved_model",
                  export_translator(hybrid, os.path.join(work, "saved_model_now_hybrid"))))

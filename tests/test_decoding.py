@@ -502,3 +502,48 @@ def test_beam_step_ranks_as_the_whole_vocabulary(vocab, beam_size, blocked):
         np.testing.assert_array_equal(to_numpy(got[1]), want[1], err_msg=f"parents, trial {trial}")
         for name, a, b in zip(("sequences", "scores", "finished", "lengths"), got[2], want[2]):
             np.testing.assert_array_equal(to_numpy(a), b, err_msg=f"{name}, trial {trial}")
+
+
+def test_search_gathers_equal_keras_take_along_axis_and_take():
+    """`take_along_last_axis` and `take_rows` (one gather each on
+    TensorFlow) give Keras's `take_along_axis` and `take` on in-range
+    indices of the shapes the searches use, for floats, ints and bools."""
+    from keras_transformer.decoding.gather import take_along_last_axis
+    from keras_transformer.decoding.gather import take_rows
+
+    rng = np.random.default_rng(3)
+    for shape, picks in (((4, 7), 3), ((2, 3, 9), 5)):
+        for x in (rng.normal(size=shape).astype("float32"), rng.integers(0, 50, size=shape).astype("int32"),
+                  rng.random(shape) > 0.5):
+            indices = rng.integers(0, shape[-1], size=shape[:-1] + (picks,)).astype("int32")
+            want = np.take_along_axis(x, indices, axis=-1)
+            np.testing.assert_array_equal(to_numpy(take_along_last_axis(x, indices)), want)
+            np.testing.assert_array_equal(to_numpy(ops.take_along_axis(x, indices, axis=-1)), want)
+            rows = rng.integers(0, shape[0], size=6).astype("int32")
+            np.testing.assert_array_equal(to_numpy(take_rows(x, rows)), x[rows])
+
+
+@pytest.mark.parametrize("growing", [True, False])
+def test_beam_search_step_reads_no_weight_and_packs_no_batch_shape(parts, growing):
+    """On TensorFlow each op of the search's loop body runs every step, so
+    the weights are read once before the loop (only the embedding lookup
+    reads its table in it) and no reshape is built from the dynamic batch
+    size (a `Pack` of a `Shape` slice, per reshape, per step): the body of
+    this 2-layer model holds at most one `ReadVariableOp` and three `Pack`s
+    (the beam step's candidate and zero shapes, the embedding's slice)."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("graph ops are TensorFlow's")
+    import collections
+
+    import tensorflow as tf
+
+    search_parts = TransformerParts(parts.model, growing_cache=growing)
+    search = tf.function(lambda source: beam_search(search_parts, source, start_id=START, end_id=END, beam_size=3))
+    graph = search.get_concrete_function(tf.TensorSpec([None, None], tf.int32)).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    loops = [node for node in graph.node if node.op in ("While", "StatelessWhile")]
+    assert len(loops) == 1
+    body = collections.Counter(node.op for node in functions[loops[0].attr["body"].func.name].node_def)
+    assert body["ReadVariableOp"] <= 1, body
+    assert body["Pack"] <= 3, body
+    assert body["MatMul"] + body["BatchMatMulV2"] >= 2 * 10  # the layers are in this body

@@ -392,6 +392,38 @@ def test_layer_normalization_equals_keras_values_and_gradients(shape):
         np.testing.assert_allclose(got.numpy(), want.numpy(), atol=5e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_of_read_weights_is_bit_identical_to_the_layer(dtype):
+    """`layer_norm` (decoding: gamma and beta read once, fewer graph ops on
+    TensorFlow) gives the layer's values bit for bit, eagerly and in a
+    compiled function, in float32 and from bfloat16 inputs; and
+    `FeedForward.step` (its weights read once) gives the layer's call."""
+    from keras_transformer.layers import FeedForward
+    from keras_transformer.layers.layer_normalization import layer_norm
+
+    rng = np.random.default_rng(11)
+    x = ops.cast((3 * rng.normal(size=(6, 16)) + 1).astype("float32"), dtype)
+    norm = LayerNormalization(epsilon=1e-6, dtype=keras.DTypePolicy("mixed_bfloat16" if dtype == "bfloat16" else "float32"))
+    norm.build((6, 16))
+    norm.set_weights([rng.normal(size=16).astype("float32"), rng.normal(size=16).astype("float32")])
+    gamma, beta = ops.convert_to_tensor(norm.gamma), ops.convert_to_tensor(norm.beta)
+    want = to_numpy(ops.cast(norm(x), "float32"))
+    got = layer_norm(x, gamma, beta, norm.epsilon)
+    assert keras.backend.standardize_dtype(got.dtype) == dtype
+    np.testing.assert_array_equal(to_numpy(ops.cast(got, "float32")), want)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        compiled = tf.function(lambda t: layer_norm(t, gamma, beta, norm.epsilon))
+        np.testing.assert_array_equal(to_numpy(ops.cast(compiled(x), "float32")), want)
+    feedforward = FeedForward(32)
+    feedforward.build((6, 16))
+    rows = rng.normal(size=(6, 16)).astype("float32")
+    np.testing.assert_array_equal(
+        to_numpy(feedforward.step(rows, feedforward.decoding_weights())), to_numpy(feedforward(rows))
+    )
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="num_heads"):
         TransformerEncoder(num_heads=3, dff=8)(np.ones((1, 2, 8), "float32"))

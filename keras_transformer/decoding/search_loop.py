@@ -37,6 +37,7 @@ that would drop it).
 
 from keras import ops
 
+from keras_transformer.decoding.gather import take_rows
 from keras_transformer.decoding.growing_cache import relax_batch
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
@@ -134,7 +135,7 @@ def dynamic_decode(
                 t, last, rest[:num_state], rest[num_state:], cross, encoder_outputs_mask, limits
             )
             if rows is not None:
-                new_caches = [ops.take(cache, rows, axis=0) for cache in new_caches]
+                new_caches = [take_rows(cache, rows) for cache in new_caches]
             return (t + 1, ops.reshape(tokens, (-1,)), *state, *new_caches)
 
         outputs = ops.while_loop(

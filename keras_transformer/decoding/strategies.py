@@ -18,6 +18,8 @@ import math
 
 from keras import ops
 
+from keras_transformer.decoding.gather import take_along_last_axis
+from keras_transformer.decoding.gather import take_rows
 from keras_transformer.decoding.limits import NEG_LOG_PROB
 from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.search_loop import dynamic_decode
@@ -107,7 +109,7 @@ class GreedySearch(SearchStrategy):
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
         best = ops.where(at_limit, end_id, best)
         best = ops.where(finished, pad_id, best)
-        gained = ops.take_along_axis(log_probs, best[:, None], axis=-1)[:, 0]
+        gained = take_along_last_axis(log_probs, best[:, None])[:, 0]
         scores = scores + ops.where(finished, 0.0, gained)
         if attention is not None:
             step_weights = ops.where(ops.reshape(finished, (-1, 1, 1)), 0.0, ops.cast(attention, "float32"))
@@ -226,11 +228,11 @@ class BeamSearch(SearchStrategy):
         ids = ops.sort(ids, axis=-1)
         repeated = ops.concatenate([ops.zeros((n, k, 1), "bool"), ops.equal(ids[..., 1:], ids[..., :-1])], -1)
         candidates = ids.shape[-1]
-        log_probs = ops.take_along_axis(log_probs, ids, axis=-1)  # (n, k, candidates)
+        log_probs = take_along_last_axis(log_probs, ids)  # (n, k, candidates)
         if blocked:
             is_blocked = ops.any(ops.equal(ops.expand_dims(ids, -1), ops.convert_to_tensor(blocked, "int32")), -1)
             log_probs = ops.where(is_blocked, NEG_LOG_PROB, log_probs)
-        at_limit = ops.reshape(at_limit, (n, 1, 1))
+        at_limit = ops.reshape(at_limit, (-1, 1, 1))
         log_probs = ops.where(ops.logical_and(at_limit, ops.not_equal(ids, end_id)), NEG_LOG_PROB, log_probs)
         only_pad = ops.where(ops.equal(ids, pad_id), 0.0, NEG_LOG_PROB)
         log_probs = ops.where(ops.expand_dims(finished, -1), only_pad, log_probs)
@@ -238,19 +240,19 @@ class BeamSearch(SearchStrategy):
         new_length = ops.where(finished, lengths, t + 1)
         normalised = total / ops.expand_dims(length_penalty_factor(new_length, self.length_penalty), -1)
         normalised = ops.where(repeated, float("-inf"), normalised)  # an id listed twice counts once
-        _, index = ops.top_k(ops.reshape(normalised, (n, k * candidates)), k)
+        _, index = ops.top_k(ops.reshape(normalised, (-1, k * candidates)), k)
         index = ops.cast(index, "int32")
         parent = index // candidates
-        token = ops.take_along_axis(ops.reshape(ids, (n, k * candidates)), index, axis=1)
-        scores = ops.take_along_axis(ops.reshape(total, (n, k * candidates)), index, axis=1)
-        was_finished = ops.take_along_axis(finished, parent, axis=1)
-        lengths = ops.take_along_axis(new_length, parent, axis=1)
+        token = take_along_last_axis(ops.reshape(ids, (-1, k * candidates)), index)
+        scores = take_along_last_axis(ops.reshape(total, (-1, k * candidates)), index)
+        was_finished = take_along_last_axis(finished, parent)
+        lengths = take_along_last_axis(new_length, parent)
         finished = ops.logical_or(was_finished, ops.equal(token, end_id))
         # Rows of the flattened hypotheses: a plain gather, where
         # `take_along_axis` broadcasts and transposes the index.
         length = sequences.shape[-1]
         rows = ops.reshape(ops.expand_dims(ops.arange(n, dtype="int32") * k, 1) + parent, (-1,))
-        sequences = ops.reshape(ops.take(ops.reshape(sequences, (-1, length)), rows, axis=0), (n, k, length))
+        sequences = ops.reshape(take_rows(ops.reshape(sequences, (-1, length)), rows), (-1, k, length))
         # `where` on a position mask: cheaper than `slice_update` on tensorflow.
         positions = ops.arange(length, dtype="int32")
         sequences = ops.where(

@@ -90,6 +90,24 @@ class FeedForward(keras.layers.Layer):
             hidden = self.activation_dropout(hidden, training=training)
         return self.output_dense(hidden)
 
+    def decoding_weights(self):
+        """`((kernel (d_model, dff), bias (dff,)), (kernel (dff, d_model),
+        bias (d_model,)))` in the compute dtype, for `step`: read them once,
+        outside a decoding loop."""
+        dtype = self.compute_dtype
+        return tuple(
+            (keras.ops.cast(dense.kernel, dtype), keras.ops.cast(dense.bias, dtype))
+            for dense in (self.intermediate_dense, self.output_dense)
+        )
+
+    def step(self, inputs, weights):
+        """`call` without dropout on `(rows, d_model)`, with
+        `decoding_weights()`: the same values (`Dense` is `x W + b`, then
+        the activation), no variable read in the loop."""
+        (kernel_1, bias_1), (kernel_2, bias_2) = weights
+        hidden = self.activation(keras.ops.matmul(inputs, kernel_1) + bias_1)
+        return keras.ops.matmul(hidden, kernel_2) + bias_2
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 

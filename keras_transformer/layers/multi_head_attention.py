@@ -107,25 +107,24 @@ def single_query_attention(query, key, value, mask=None, keep=None):
     carry the `1 / sqrt(d_k)` factor (see `MultiHeadAttention.input_projection`).
 
     Args:
-        query: `(batch, num_heads, key_dim)`, scaled.
+        query: `(batch, num_heads, 1, key_dim)`, scaled.
         key: `(batch, num_heads, key_dim, key_length)` (keys transposed).
         value: `(batch, num_heads, key_length, value_dim)`.
-        mask: optional bool, broadcastable to `(batch, num_heads,
+        mask: optional bool, broadcastable to `(batch, num_heads, 1,
             key_length)`, True where attention is allowed; blocked scores
             become -1e9 before the softmax.
-        keep: optional bool `(batch, 1, 1)`, False for rows whose keys are all
-            blocked: their weights become exactly zero, as in
+        keep: optional bool `(batch, 1, 1, 1)`, False for rows whose keys are
+            all blocked: their weights become exactly zero, as in
             `masked_softmax`.
 
     Returns:
-        `(output (batch, num_heads, value_dim), weights (batch, num_heads,
-        key_length) float32)`.
+        `(output (batch, num_heads, 1, value_dim), weights (batch,
+        num_heads, 1, key_length) float32)`.
 
     References:
         Vaswani et al. (2017), section 3.2.1, equation (1).
     """
-    scores = ops.matmul(ops.expand_dims(query, 2), key)[:, :, 0, :]
-    scores = ops.cast(scores, "float32")
+    scores = ops.cast(ops.matmul(query, key), "float32")
     if mask is not None:
         scores = ops.where(mask, scores, _MASK_VALUE)
     scores = scores - ops.max(scores, axis=-1, keepdims=True)
@@ -133,8 +132,7 @@ def single_query_attention(query, key, value, mask=None, keep=None):
     weights = weights / ops.sum(weights, axis=-1, keepdims=True)
     if keep is not None:
         weights = ops.where(keep, weights, 0.0)
-    attended = ops.cast(ops.expand_dims(weights, 2), value.dtype)
-    return ops.matmul(attended, value)[:, :, 0, :], weights
+    return ops.matmul(ops.cast(weights, value.dtype), value), weights
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.layer_normalization import layer_norm
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
@@ -36,9 +37,9 @@ def cached_step_masks(index, cache_length, encoder_outputs_mask=None, growing=Fa
     Returns:
         dict: `"slot"` bool `(length,)`, True at `index` (where the new key
         and value go); `"self"` bool `(length,)`, True for slots `<= index`
-        (the causal mask); `"cross"` bool `(batch, 1, source_length)` (or
-        None) and `"keep"` bool `(batch, 1, 1)` (or None), False for sources
-        with no token at all.
+        (the causal mask); `"cross"` bool `(batch, 1, 1, source_length)` (or
+        None) and `"keep"` bool `(batch, 1, 1, 1)` (or None), False for
+        sources with no token at all.
     """
     masks = {"slot": None, "self": None, "cross": None, "keep": None}
     if not growing:
@@ -47,8 +48,8 @@ def cached_step_masks(index, cache_length, encoder_outputs_mask=None, growing=Fa
         masks["self"] = ops.less_equal(positions, index)
     if encoder_outputs_mask is not None:
         encoder_outputs_mask = ops.cast(encoder_outputs_mask, "bool")
-        masks["cross"] = ops.expand_dims(encoder_outputs_mask, 1)
-        masks["keep"] = ops.any(encoder_outputs_mask, axis=-1)[:, None, None]
+        masks["cross"] = encoder_outputs_mask[:, None, None, :]
+        masks["keep"] = ops.any(encoder_outputs_mask, axis=-1)[:, None, None, None]
     return masks
 
 
@@ -349,13 +350,23 @@ class TransformerDecoder(TransformerBlock):
 
         Self-attention Q, K and V as one fused matrix, cross-attention Q,
         the query parts pre-scaled by `1 / sqrt(key_dim)` (see
-        `MultiHeadAttention.fused_projection_weights`). Compute them outside
-        the decoding loop and pass them to every cached call as
-        `decoding_weights`.
+        `MultiHeadAttention.fused_projection_weights`), the feed-forward
+        matrices and the LayerNorm `gamma` and `beta`, read once. Compute
+        them outside the decoding loop and pass them to every cached call
+        as `decoding_weights`.
         """
+        def norm(layer):
+            return (ops.cast(layer.gamma, "float32"), ops.cast(layer.beta, "float32"))
+
         return {
             "self": self.self_attention.fused_projection_weights(),
             "cross": self.cross_attention.fused_projection_weights(include_key_value=False),
+            "feedforward": self.feedforward.decoding_weights(),
+            "norms": {
+                "self": norm(self.self_attention_layer_norm),
+                "cross": norm(self.cross_attention_layer_norm),
+                "feedforward": norm(self.feedforward_layer_norm),
+            },
         }
 
     def call_cached(self, inputs, self_key_cache, self_value_cache, index, cross_key,
@@ -410,24 +421,25 @@ class TransformerDecoder(TransformerBlock):
         cross_key, cross_value = cross_cache
         weights = weights or self.decoding_weights()
         heads, key_dim = self.num_heads, self.key_dim
-        batch = ops.shape(inputs)[0]
         if masks is None:
             masks = cached_step_masks(index, ops.shape(self_key_cache)[-1], encoder_outputs_mask)
         slot = masks["slot"]
         caches = {}
+        # Reshapes name no dynamic batch size (-1 instead): each would cost
+        # a `Shape`, a slice and a `Pack` in a TensorFlow graph, every step.
 
         def project(x, w):
             x = ops.matmul(x, w["kernel"])
             return x if w["bias"] is None else x + w["bias"]
 
         def output(x, w):
-            x = ops.matmul(ops.reshape(x, (batch, -1)), w["output_kernel"])
+            x = ops.matmul(ops.reshape(x, (-1, w["output_kernel"].shape[0])), w["output_kernel"])
             return x if w["output_bias"] is None else x + w["output_bias"]
 
         def self_attend(x):
             query, key, value = ops.split(project(x, weights["self"]), 3, axis=-1)
-            key = ops.cast(ops.reshape(key, (batch, heads, key_dim, 1)), self_key_cache.dtype)
-            value = ops.cast(ops.reshape(value, (batch, heads, 1, key_dim)), self_value_cache.dtype)
+            key = ops.cast(ops.reshape(key, (-1, heads, key_dim, 1)), self_key_cache.dtype)
+            value = ops.cast(ops.reshape(value, (-1, heads, 1, key_dim)), self_value_cache.dtype)
             if slot is None:  # a growing cache: append the new position
                 caches["key"] = ops.concatenate([self_key_cache, key], axis=-1)
                 caches["value"] = ops.concatenate([self_value_cache, value], axis=2)
@@ -435,7 +447,7 @@ class TransformerDecoder(TransformerBlock):
                 caches["key"] = ops.where(ops.reshape(slot, (1, 1, 1, -1)), key, self_key_cache)
                 caches["value"] = ops.where(ops.reshape(slot, (1, 1, -1, 1)), value, self_value_cache)
             attended, _ = single_query_attention(
-                ops.reshape(query, (batch, heads, key_dim)),
+                ops.reshape(query, (-1, heads, 1, key_dim)),
                 caches["key"],
                 caches["value"],
                 masks["self"],
@@ -443,26 +455,44 @@ class TransformerDecoder(TransformerBlock):
             return output(attended, weights["self"])
 
         def cross_attend(x):
-            query = ops.reshape(project(x, weights["cross"]), (batch, heads, key_dim))
+            query = ops.reshape(project(x, weights["cross"]), (-1, heads, 1, key_dim))
             attended, attention = single_query_attention(
                 query, cross_key, cross_value, masks["cross"], masks["keep"]
             )
             return output(attended, weights["cross"]), attention
 
+        def norm(name, layer):
+            gamma, beta = weights["norms"][name]
+            return lambda x: layer_norm(x, gamma, beta, layer.epsilon)
+
         # One position per row: work on (batch, d_model), no length axis.
         x, _ = residual(
-            ops.reshape(inputs, (batch, inputs.shape[-1] or -1)),  # a static width for LayerNorm
+            ops.reshape(inputs, (-1, inputs.shape[-1] or self.d_model)),  # a static width for LayerNorm
             self_attend,
-            self.self_attention_layer_norm,
+            norm("self", self.self_attention_layer_norm),
             self.self_attention_dropout,
             self.norm_first,
             False,
         )
-        attention = {}
-        x = self._cross_and_feedforward(x, cross_attend, False, attention)
+        x, (attention,) = residual(
+            x,
+            cross_attend,
+            norm("cross", self.cross_attention_layer_norm),
+            self.cross_attention_dropout,
+            self.norm_first,
+            False,
+        )
+        x, _ = residual(
+            x,
+            lambda x: self.feedforward.step(x, weights["feedforward"]),
+            norm("feedforward", self.feedforward_layer_norm),
+            self.feedforward_dropout,
+            self.norm_first,
+            False,
+        )
         outputs = (ops.expand_dims(x, 1), (caches["key"], caches["value"]))
         if return_attention_scores:
-            outputs += (attention["cross_attention"],)
+            outputs += (attention[:, :, 0, :],)
         return outputs
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):

@@ -6,6 +6,7 @@ from keras import ops
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_normalization import LayerNormalization
+from keras_transformer.layers.layer_normalization import layer_norm
 from keras_transformer.layers.masks import padding_mask
 from keras_transformer.layers.output_projection import OutputProjection
 from keras_transformer.layers.positional_embedding import PositionalEmbedding
@@ -309,12 +310,16 @@ class Transformer(keras.Model):
 
     def decoding_weights(self):
         """The projection matrices of `call_decoder_with_cache`: per decoder
-        layer its `decoding_weights()`, and the output projection's `(kernel
-        (d_model, vocab), bias or None)`. Build them once, before a decoding
+        layer its `decoding_weights()`, the output projection's `(kernel
+        (d_model, vocab), bias or None)` and the final LayerNorm's `(gamma,
+        beta)` (pre-LN; else None). Build them once, before a decoding
         loop, and pass them to every call."""
+        final_norm = self.decoder_final_norm
         return {
             "layers": [layer.decoding_weights() for layer in self.decoder_layers],
             "logits": self.logits_layer.output_weights(),
+            "final_norm": None if final_norm is None else (
+                ops.cast(final_norm.gamma, "float32"), ops.cast(final_norm.beta, "float32")),
         }
 
     def call_decoder_with_cache(
@@ -380,7 +385,7 @@ class Transformer(keras.Model):
             new_caches.append(outputs[1])
         x = x[:, 0, :]
         if self.decoder_final_norm is not None:
-            x = self.decoder_final_norm(x)
+            x = layer_norm(x, *weights["final_norm"], self.decoder_final_norm.epsilon)
         kernel, bias = weights["logits"]
         logits = ops.matmul(x, kernel)
         logits = ops.cast(logits if bias is None else logits + bias, "float32")
