@@ -424,6 +424,19 @@ def test_layer_norm_of_read_weights_is_bit_identical_to_the_layer(dtype):
     )
 
 
+def test_positional_embedding_step_equals_the_call_at_that_position():
+    """`PositionalEmbedding.step` (decoding: the table read once) gives the
+    call's values at one position, bit for bit, with and without the table."""
+    layer = PositionalEmbedding(20, 8, sequence_length=6)
+    layer.build()
+    ids = np.array([3, 0, 19], "int32")
+    table = layer.decoding_weights()
+    for index in (0, 4, 5):
+        want = to_numpy(layer(ids[:, None], start_index=index))[:, 0]
+        np.testing.assert_array_equal(to_numpy(layer.step(ids, index, table)), want)
+        np.testing.assert_array_equal(to_numpy(layer.step(ids, index)), want)
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="num_heads"):
         TransformerEncoder(num_heads=3, dff=8)(np.ones((1, 2, 8), "float32"))

@@ -263,6 +263,35 @@ class PositionalEmbedding(keras.layers.Layer):
         )
         return embedded + ops.cast(positions, embedded.dtype)[None]
 
+    def decoding_weights(self):
+        """The token table `(vocab_size, d_model)` in the compute dtype, read
+        (and cast from its storage dtype) once, for `step`; None for a
+        quantized or LoRA table, which `step` then reads through the layer."""
+        layer = self.token_embedding
+        if layer.quantization_mode is not None or layer.lora_enabled:
+            return None
+        return ops.cast(layer.embeddings, layer.compute_dtype)
+
+    def step(self, token_ids, index, table=None):
+        """The embedding of one position per row, for decoding: the values
+        of `call(token_ids[:, None], start_index=index, check_ids=False)[:,
+        0]`.
+
+        Args:
+            token_ids: int `(batch,)`, in `[0, vocab_size)` (not checked).
+            index: scalar int, their position, below `sequence_length`.
+            table: `decoding_weights()`; the layer reads its variable if None.
+
+        Returns:
+            `(batch, d_model)` in the compute dtype.
+        """
+        if table is None:
+            return self(ops.expand_dims(token_ids, 1), start_index=index, check_ids=False)[:, 0]
+        embedded = embedding_lookup(table, token_ids)
+        embedded = ops.multiply(embedded, ops.cast(self.d_model**0.5, embedded.dtype))
+        position = ops.take(ops.convert_to_tensor(self._position_table), index, axis=0)
+        return embedded + ops.cast(position, embedded.dtype)[None]
+
     def _lookup(self, inputs):
         layer = self.token_embedding
         if layer.quantization_mode is not None or layer.lora_enabled:

@@ -309,13 +309,15 @@ class Transformer(keras.Model):
         return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
 
     def decoding_weights(self):
-        """The projection matrices of `call_decoder_with_cache`: per decoder
+        """The weights of `call_decoder_with_cache`, read once: the target
+        token table (`PositionalEmbedding.decoding_weights`), per decoder
         layer its `decoding_weights()`, the output projection's `(kernel
         (d_model, vocab), bias or None)` and the final LayerNorm's `(gamma,
         beta)` (pre-LN; else None). Build them once, before a decoding
         loop, and pass them to every call."""
         final_norm = self.decoder_final_norm
         return {
+            "embedding": self.decoder_embedding.decoding_weights(),
             "layers": [layer.decoding_weights() for layer in self.decoder_layers],
             "logits": self.logits_layer.output_weights(),
             "final_norm": None if final_norm is None else (
@@ -363,7 +365,7 @@ class Transformer(keras.Model):
         masks = cached_step_masks(
             index, ops.shape(self_attention_caches[0][0])[-1], encoder_outputs_mask, growing=growing_cache
         )
-        x = self.decoder_embedding(ops.expand_dims(token_ids, 1), start_index=index, check_ids=False)
+        x = ops.expand_dims(self.decoder_embedding.step(token_ids, index, weights["embedding"]), 1)
         new_caches = []
         attention = None
         for layer, layer_weights, self_cache, cross_cache in zip(
