@@ -419,9 +419,8 @@ def test_layer_norm_of_read_weights_is_bit_identical_to_the_layer(dtype):
     feedforward = FeedForward(32)
     feedforward.build((6, 16))
     rows = rng.normal(size=(6, 16)).astype("float32")
-    np.testing.assert_array_equal(
-        to_numpy(feedforward.step(rows, feedforward.decoding_weights())), to_numpy(feedforward(rows))
-    )
+    for weights in (feedforward.decoding_weights(), None):
+        np.testing.assert_array_equal(to_numpy(feedforward.step(rows, weights)), to_numpy(feedforward(rows)))
 
 
 def test_positional_embedding_step_equals_the_call_at_that_position():

@@ -93,17 +93,21 @@ class FeedForward(keras.layers.Layer):
     def decoding_weights(self):
         """`((kernel (d_model, dff), bias (dff,)), (kernel (dff, d_model),
         bias (d_model,)))` in the compute dtype, for `step`: read them once,
-        outside a decoding loop."""
+        outside a decoding loop. None for quantized or LoRA `Dense` layers,
+        which `step` then calls."""
+        denses = (self.intermediate_dense, self.output_dense)
+        if any(dense.quantization_mode is not None or dense.lora_enabled for dense in denses):
+            return None
         dtype = self.compute_dtype
-        return tuple(
-            (keras.ops.cast(dense.kernel, dtype), keras.ops.cast(dense.bias, dtype))
-            for dense in (self.intermediate_dense, self.output_dense)
-        )
+        return tuple((keras.ops.cast(dense.kernel, dtype), keras.ops.cast(dense.bias, dtype)) for dense in denses)
 
-    def step(self, inputs, weights):
+    def step(self, inputs, weights=None):
         """`call` without dropout on `(rows, d_model)`, with
         `decoding_weights()`: the same values (`Dense` is `x W + b`, then
-        the activation), no variable read in the loop."""
+        the activation), no variable read in the loop; the layer's own call
+        when `weights` is None."""
+        if weights is None:
+            return self(inputs)
         (kernel_1, bias_1), (kernel_2, bias_2) = weights
         hidden = self.activation(keras.ops.matmul(inputs, kernel_1) + bias_1)
         return keras.ops.matmul(hidden, kernel_2) + bias_2
