@@ -547,3 +547,34 @@ def test_beam_search_step_reads_no_weight_and_packs_no_batch_shape(parts, growin
     assert body["ReadVariableOp"] <= 1, body
     assert body["Pack"] <= 3, body
     assert body["MatMul"] + body["BatchMatMulV2"] >= 2 * 10  # the layers are in this body
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")
+def test_keras_quantized_model_decodes_through_its_quantized_layers():
+    """After `model.quantize("int8")` the projections hold integer codes and a
+    scale: the fused decoding matmuls must not read those codes as weights.
+    The cached steps equal the quantized model's full pass, whose logits stay
+    near the float model's (int8 rounding, not codes read as floats)."""
+    keras.utils.set_random_seed(3)
+    model = build_transformer(
+        30, 25, num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, sequence_length=10
+    )
+    target = np.array([[START, 4, 5, 6, 7], [START, 9, 9, 8, 4]], "int32")
+    inputs = {"encoder_inputs": SOURCES, "decoder_inputs": target}
+    float_logits = to_numpy(model(inputs))
+    model.quantize("int8")
+    assert model.decoder_layers[0].self_attention.quantized
+    if keras.backend.backend() == "tensorflow":  # training reads float kernels
+        from keras_transformer import fast_path
+
+        assert "quantized" in fast_path.applies(model)
+    quantized = TransformerParts(model)
+    full = to_numpy(quantized.decode_uncached(SOURCES, target))
+    spread = np.abs(float_logits).max()
+    np.testing.assert_allclose(full, float_logits, atol=0.05 * spread)
+    encoder_outputs, mask = quantized.encode(SOURCES)
+    cross = quantized.cross_caches(encoder_outputs)
+    caches = quantized.empty_self_caches(2, quantized.target_sequence_length, "float32")
+    for t in range(target.shape[1]):
+        logits, caches = quantized.decode_step(target[:, t], t, caches, cross, mask)
+        np.testing.assert_allclose(to_numpy(logits), full[:, t], atol=1e-4 * spread)

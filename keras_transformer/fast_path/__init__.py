@@ -58,6 +58,8 @@ def applies(model, jit_compile=False):
         TrainingForward(model)
     except ValueError as error:
         return str(error)
+    if any(getattr(layer, "quantized", False) is True for layer in model._flatten_layers()):
+        return "its attention is Keras-quantized, and the fast path reads float kernels"
     return None
 
 

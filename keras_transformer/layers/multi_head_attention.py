@@ -288,6 +288,17 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
 
+    @property
+    def quantized(self):
+        """True when a projection is Keras-quantized (`quantize("int8")`):
+        its `kernel` then holds integer codes and a separate scale, so the
+        fused matmuls, which read kernels, give way to the projections' own
+        calls. (LoRA needs no such care: `kernel` includes its update.)"""
+        return any(
+            dense.quantization_mode is not None
+            for dense in (self.query_dense, self.key_dense, self.value_dense, self.output_dense)
+        )
+
     def input_projection(self, parts, scale_query):
         """Kernels of the named projections as one 2-D matrix, plus the
         joined bias, for one matmul per position.
@@ -332,8 +343,12 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             dict with `"kernel"` `(d_model, h * key_dim [+ h * key_dim +
             h * value_dim])`, `"bias"` (or None), `"output_kernel"`
-            `(h * value_dim, output_dim)` and `"output_bias"` (or None).
+            `(h * value_dim, output_dim)` and `"output_bias"` (or None);
+            None for a `quantized` layer, whose `step_projection` and
+            `step_output` then call the projections.
         """
+        if self.quantized:
+            return None
         parts = ("query", "key", "value") if include_key_value else ("query",)
         kernel, bias = self.input_projection(parts, scale_query=True)
         output_kernel, output_bias = self.output_projection()
@@ -354,6 +369,37 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         bias = ops.cast(self.output_dense.bias, dtype) if self.use_bias else None
         return kernel, bias
+
+    def step_projection(self, rows, weights, include_key_value=True):
+        """The query (scaled by `1 / sqrt(key_dim)`), and with
+        `include_key_value` the key and value, of one position per row.
+
+        Args:
+            rows: `(rows, d_model)`.
+            weights: `fused_projection_weights(include_key_value)`, read
+                once outside a decoding loop; None calls the projections.
+
+        Returns:
+            `(rows, h * key_dim [+ h * key_dim + h * value_dim])`, the
+            columns in the order query, key, value.
+        """
+        if weights is not None:
+            return self._matmul(rows, weights["kernel"], weights["bias"])
+        rows = ops.expand_dims(rows, 1)
+        query = self.query_dense(rows) * ops.cast(1.0 / math.sqrt(self.key_dim), self.compute_dtype)
+        parts = [query, *self.project_key_value(rows)] if include_key_value else [query]
+        parts = [ops.reshape(part, (-1, part.shape[-2] * part.shape[-1])) for part in parts]
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=-1)
+
+    def step_output(self, attended, weights):
+        """W^O applied to `attended` `(rows, num_heads, 1, value_dim)` with
+        `fused_projection_weights()` (None calls the projection): `(rows,
+        output_dim)`."""
+        if weights is None:
+            attended = ops.reshape(attended, (-1, 1, self.num_heads, self.value_dim))
+            return self.output_dense(attended)[:, 0]
+        kernel = weights["output_kernel"]
+        return self._matmul(ops.reshape(attended, (-1, kernel.shape[0])), kernel, weights["output_bias"])
 
     def project_self_attention(self, inputs):
         """Q, K and V of a self-attention with one fused matmul.
@@ -433,7 +479,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_padding_to_attention_mask(value_mask),
             causal_mask(ops.shape(query)[1], ops.shape(value)[1]) if use_causal_mask else None,
         )
-        if self_attention:
+        if self_attention and not self.quantized:
             q, k, v = self.project_self_attention(query)
         else:
             q = self.project_query(query)

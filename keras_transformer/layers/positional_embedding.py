@@ -299,7 +299,8 @@ class PositionalEmbedding(keras.layers.Layer):
         # `keras.layers.Embedding.call`, with a dense gradient on TensorFlow.
         return ops.cast(embedding_lookup(layer.embeddings, inputs), layer.compute_dtype)
 
-    def _reverse(self, inputs):
+    def _float_table(self):
+        """The token table variable; a ValueError when it is quantized."""
         table = self.token_embedding
         if table.quantization_mode is not None:
             raise ValueError(
@@ -307,13 +308,23 @@ class PositionalEmbedding(keras.layers.Layer):
                 "tied output projection, which needs its float table; quantize "
                 "an untied model, or keep this embedding in float."
             )
-        return ops.matmul(inputs, ops.transpose(ops.cast(table.embeddings, inputs.dtype)))
+        return table.embeddings
 
-    def output_weights(self):
+    def _reverse(self, inputs):
+        return ops.matmul(inputs, ops.transpose(ops.cast(self._float_table(), inputs.dtype)))
+
+    def output_weights(self, table=None):
         """`(kernel (d_model, vocab_size), None)`: the transposed token table
         in the compute dtype, the tied output projection's weights for
-        step-by-step decoding."""
-        return ops.transpose(ops.cast(self.embeddings, self.compute_dtype)), None
+        step-by-step decoding. `table`: `decoding_weights()`, to transpose
+        that rather than read and cast the variable again.
+
+        Raises:
+            ValueError: if the table is Keras-quantized.
+        """
+        if table is None:
+            table = ops.cast(self._float_table(), self.compute_dtype)
+        return ops.transpose(table), None
 
     def compute_mask(self, inputs, mask=None):
         # Token ids get the padding mask; decoder outputs (reverse=True,

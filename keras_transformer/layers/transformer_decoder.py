@@ -428,16 +428,9 @@ class TransformerDecoder(TransformerBlock):
         # Reshapes name no dynamic batch size (-1 instead): each would cost
         # a `Shape`, a slice and a `Pack` in a TensorFlow graph, every step.
 
-        def project(x, w):
-            x = ops.matmul(x, w["kernel"])
-            return x if w["bias"] is None else x + w["bias"]
-
-        def output(x, w):
-            x = ops.matmul(ops.reshape(x, (-1, w["output_kernel"].shape[0])), w["output_kernel"])
-            return x if w["output_bias"] is None else x + w["output_bias"]
-
         def self_attend(x):
-            query, key, value = ops.split(project(x, weights["self"]), 3, axis=-1)
+            projected = self.self_attention.step_projection(x, weights["self"])
+            query, key, value = ops.split(projected, 3, axis=-1)
             key = ops.cast(ops.reshape(key, (-1, heads, key_dim, 1)), self_key_cache.dtype)
             value = ops.cast(ops.reshape(value, (-1, heads, 1, key_dim)), self_value_cache.dtype)
             if slot is None:  # a growing cache: append the new position
@@ -452,14 +445,15 @@ class TransformerDecoder(TransformerBlock):
                 caches["value"],
                 masks["self"],
             )
-            return output(attended, weights["self"])
+            return self.self_attention.step_output(attended, weights["self"])
 
         def cross_attend(x):
-            query = ops.reshape(project(x, weights["cross"]), (-1, heads, 1, key_dim))
+            query = self.cross_attention.step_projection(x, weights["cross"], include_key_value=False)
             attended, attention = single_query_attention(
-                query, cross_key, cross_value, masks["cross"], masks["keep"]
+                ops.reshape(query, (-1, heads, 1, key_dim)), cross_key, cross_value,
+                masks["cross"], masks["keep"],
             )
-            return output(attended, weights["cross"]), attention
+            return self.cross_attention.step_output(attended, weights["cross"]), attention
 
         def norm(name, layer):
             gamma, beta = weights["norms"][name]

@@ -316,10 +316,13 @@ class Transformer(keras.Model):
         beta)` (pre-LN; else None). Build them once, before a decoding
         loop, and pass them to every call."""
         final_norm = self.decoder_final_norm
+        table = self.decoder_embedding.decoding_weights()
+        tied = self.logits_layer is self.decoder_embedding
         return {
-            "embedding": self.decoder_embedding.decoding_weights(),
+            "embedding": table,
             "layers": [layer.decoding_weights() for layer in self.decoder_layers],
-            "logits": self.logits_layer.output_weights(),
+            # Tied: the table read above, transposed (section 3.4).
+            "logits": self.logits_layer.output_weights(table) if tied else self.logits_layer.output_weights(),
             "final_norm": None if final_norm is None else (
                 ops.cast(final_norm.gamma, "float32"), ops.cast(final_norm.beta, "float32")),
         }
