@@ -40,6 +40,7 @@ import shutil
 import sys
 import time
 
+from keras_transformer.callbacks import TrainingStopped
 from keras_transformer.cli import _load_saved_model, evaluate_files
 from keras_transformer.data.text_files import read_parallel
 from keras_transformer.evaluation import corpus_scores
@@ -68,7 +69,9 @@ def config_for(args):
         src_vocab_size=8000, tgt_vocab_size=8000,
         shared_vocab=True, tie_embeddings="all", dropout_rate=0.2,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
-        epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps, lr_scale=0.8, sequence_length=64,
+        norm_first=args.norm_first,
+        epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps,
+        lr_scale=args.lr_scale, sequence_length=64,
         early_stopping_patience=10, keep_checkpoints=10, average_last=10, bleu_every=5,
     )
 
@@ -80,6 +83,10 @@ def recipe_flags(tc):
         flags += f" --tokens-per-batch {tc['tokens_per_batch']}"
     if tc["warmup_steps"] != 1000:
         flags += f" --warmup-steps {tc['warmup_steps']}"
+    if tc["lr_scale"] != 0.8:
+        flags += f" --lr-scale {tc['lr_scale']}"
+    if tc.get("norm_first"):
+        flags += " --norm-first"
     return flags
 
 
@@ -247,7 +254,7 @@ set was translated once, by the chosen SavedModel.
 
 ## Configuration
 
-- Model: preset `small`: {mc['num_layers']} encoder + {mc['num_layers']} decoder layers (post-LN),
+- Model: preset `small`: {mc['num_layers']} encoder + {mc['num_layers']} decoder layers ({'pre-LN' if mc.get('norm_first') else 'post-LN'}),
   d_model {mc['d_model']}, {mc['num_heads']} heads, dff {mc['dff']}; dropout {mc['dropout_rate']}
   (attention {mc.get('attention_dropout_rate')}, feed-forward activation {mc.get('activation_dropout_rate')});
   sequence_length {mc.get('sequence_length', mc.get('max_length'))}; vocabulary {mc['src_vocab_size']} (source) / {mc['tgt_vocab_size']} (target),
@@ -295,6 +302,10 @@ def main():
                         help="tokens per batch and side (the recipe: 4096)")
     parser.add_argument("--warmup-steps", type=int, default=1000,
                         help="warm-up steps of the learning-rate schedule (the recipe: 1000)")
+    parser.add_argument("--lr-scale", type=float, default=0.8,
+                        help="factor on the learning-rate schedule (the recipe: 0.8)")
+    parser.add_argument("--norm-first", action="store_true",
+                        help="pre-LN blocks instead of the recipe's post-LN")
     parser.add_argument("--steps-per-epoch", type=int, default=133,
                         help="steps of an epoch, for logs written before steps were recorded")
     args = parser.parse_args()
@@ -302,7 +313,10 @@ def main():
     args.output = args.output or f"saved_models/multi30k-{args.pair}"
     if args.command == "train":
         start = time.time()
-        train(config_for(args), verbose=2)
+        try:
+            train(config_for(args), verbose=2)
+        except TrainingStopped as stopped:  # SIGTERM: saved; the same command resumes
+            sys.exit(f"{stopped}. Run the same command again to resume.")
         print(f"trained in {time.time() - start:.0f} s")
     elif args.command == "ship":
         ship(args)

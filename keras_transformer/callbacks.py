@@ -1,7 +1,11 @@
-"""Training callbacks: validation BLEU, early stopping that resumes, and
-TensorBoard logs without the values an epoch did not compute."""
+"""Training callbacks: validation BLEU, early stopping that resumes,
+TensorBoard logs without the values an epoch did not compute, and a backup
+that saves and stops on SIGTERM."""
 
 import math
+import os
+import signal
+import threading
 
 import keras
 
@@ -107,3 +111,117 @@ class TensorBoard(keras.callbacks.TensorBoard):
     def on_epoch_end(self, epoch, logs=None):
         logs = {k: v for k, v in (logs or {}).items() if math.isfinite(float(v))}
         super().on_epoch_end(epoch, logs)
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """Raised out of `fit` by `PreemptibleBackup` after a stop signal, once
+    the training state is saved: the same training run again resumes from
+    it. A `KeyboardInterrupt`, so that `except Exception` does not swallow it.
+
+    Attributes:
+        signum: int, the signal received (`signal.SIGTERM`).
+        epoch: int, 1-based, the epoch it stopped in (or before).
+        steps: int, that epoch's steps done and saved (0: stopped at the
+            epoch's start, after the previous epoch's save).
+        backup_dir: str, the folder holding the state.
+    """
+
+    def __init__(self, signum, epoch, steps, backup_dir):
+        self.signum, self.epoch, self.steps, self.backup_dir = int(signum), int(epoch), int(steps), backup_dir
+        name = signal.Signals(self.signum).name
+        where = (f"after step {self.steps} of epoch {self.epoch}" if self.steps
+                 else f"before epoch {self.epoch}")
+        super().__init__(f"stopped by {name} {where}; the training state is saved in {backup_dir}")
+
+
+class PreemptibleBackup(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` that also saves and stops when the
+    process gets SIGTERM (what `kill`, a job scheduler or a preempted cloud
+    machine sends before ending a job).
+
+    At the next step boundary after the signal it saves the training state
+    (weights, optimizer, the epoch) as its `save_freq` saves do and raises
+    `TrainingStopped`; `fit` with this callback on the same folder then
+    resumes that epoch from its first batch with the saved weights (the
+    Keras resume of a mid-epoch save). A signal during an epoch's validation
+    or end-of-epoch callbacks stops before the next epoch starts, after that
+    epoch's save; one during the last epoch lets `fit` finish. A second
+    signal before the stop gets the handler that was there before (by
+    default: the process ends at once).
+
+    The handler is installed in `on_train_begin` (on the main thread only:
+    Python handles signals there alone; elsewhere nothing changes) and the
+    previous one restored when training ends or stops. If `fit` ends in
+    another exception, call `release()`.
+
+    Args:
+        backup_dir, save_freq, double_checkpoint, delete_checkpoint: as for
+            `keras.callbacks.BackupAndRestore`.
+        on_mid_epoch_save: None, or a callable `(epoch, steps)` called after
+            each save made inside an epoch (`epoch` 0-based, `steps` of it
+            done), e.g. to carry that epoch's time into the run that redoes it.
+        signals: the signals to stop on; default `(signal.SIGTERM,)`.
+    """
+
+    def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True,
+                 on_mid_epoch_save=None, signals=None):
+        super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
+                         delete_checkpoint=delete_checkpoint)
+        self.signals = (signal.SIGTERM,) if signals is None else tuple(signals)
+        self.on_mid_epoch_save = on_mid_epoch_save
+        self.stop_signal = None
+        self._previous = {}
+        self._epoch, self._steps = 0, None  # steps of the running epoch; None between epochs
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self.stop_signal = None
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._request_stop)
+
+    def _request_stop(self, signum, frame):
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            return
+        self.release()  # a second signal: the previous handler, now
+        os.kill(os.getpid(), signum)
+
+    def release(self):
+        """Restores the signal handlers that were there before training."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._steps = epoch, 0
+        # Keras sets the epoch it saves only at epoch ends, so the first
+        # mid-epoch save of a resumed run would record epoch 0 and the
+        # next resume would start the run over.
+        self._current_epoch = epoch
+        if self.stop_signal is not None:  # the previous epoch's state is saved
+            self._stop()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps = batch + 1
+        super().on_train_batch_end(batch, logs)
+        if self.stop_signal is not None:
+            self._save_model()
+            self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._steps = None
+        super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        self.release()
+        super().on_train_end(logs)
+
+    def _save_model(self):
+        super()._save_model()
+        if self._steps and self.on_mid_epoch_save is not None:
+            self.on_mid_epoch_save(self._epoch, self._steps)
+
+    def _stop(self):
+        self.release()
+        raise TrainingStopped(self.stop_signal, self._epoch + 1, self._steps, self.backup_dir)

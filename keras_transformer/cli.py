@@ -89,6 +89,9 @@ def _add_training_args(parser):
                         help="share one matrix between the target embedding and the output projection "
                              "(target), and the source embedding too (all, needs --shared-vocab); "
                              "section 3.4 (default: %(default)s)")
+    parser.add_argument("--norm-first", action="store_true",
+                        help="pre-LN blocks with a final LayerNorm per stack (Xiong et al., 2020) "
+                             "instead of the paper's post-LN")
     parser.add_argument("--shared-vocab", action="store_true",
                         help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
     parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,
@@ -704,11 +707,14 @@ def main(argv=None):
             if args.command not in _CHECKS_BEFORE_IMPORT:
                 _import_backend_quietly()
             args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if args.command != "train":
             parser.exit(130, f"keras-transformer {args.command}: interrupted\n")
+        resume = f"Resume with: keras-transformer {shlex.join(argv)}\n"
+        if hasattr(interrupt, "signum"):  # callbacks.TrainingStopped: saved after its last step
+            parser.exit(128 + interrupt.signum, f"keras-transformer train: {interrupt}. {resume}")
         parser.exit(130, f"keras-transformer train: interrupted; {args.output_dir} keeps every finished "
-                         f"epoch. Resume with: keras-transformer {shlex.join(argv)}\n")
+                         f"epoch. {resume}")
     except (ValueError, OSError, TypeError) as error:
         if os.environ.get("KERAS_TRANSFORMER_TRACEBACK"):
             raise

@@ -23,6 +23,10 @@ class TrainingConfig:
             `dropout_rate`).
         activation_dropout_rate: dropout on the feed-forward activation
             (default 0).
+        norm_first: pre-LN blocks, `x + Sublayer(LayerNorm(x))`, with a final
+            LayerNorm after each stack (Xiong et al., 2020), instead of the
+            paper's post-LN `LayerNorm(x + Sublayer(x))` (section 3.1); see
+            `build_transformer`.
         tie_embeddings: `"none"`, `"target"` or `"all"`: which embeddings
             share one matrix with the output projection (section 3.4; see
             `build_transformer`). `"all"` needs `shared_vocab`.
@@ -101,6 +105,7 @@ class TrainingConfig:
     attention_dropout_rate: float = None
     activation_dropout_rate: float = None
     tie_embeddings: str = "none"
+    norm_first: bool = False
     shared_vocab: bool = False
     keep_checkpoints: int = 5
     average_last: int = None
@@ -154,6 +159,7 @@ class TrainingConfig:
         )
         config["sequence_length"] = self.sequence_length
         config["tie_embeddings"] = self.tie_embeddings
+        config["norm_first"] = self.norm_first
         return config
 
 

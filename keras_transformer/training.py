@@ -5,8 +5,9 @@ A run lives in one folder:
 - `config.json`: everything needed to rebuild the model and its inputs;
 - `source.model` / `target.model` (+ `.json`): the SentencePiece tokenizers;
 - `checkpoints/`: `keras.callbacks.BackupAndRestore` state after every
-  epoch; a run started again on the same folder (after an interruption, or
-  with more `epochs`) continues from the last finished epoch;
+  epoch (and every `checkpoint_every` steps, and when SIGTERM stops the
+  run: `callbacks.PreemptibleBackup`); a run started again on the same
+  folder (after an interruption, or with more `epochs`) continues from it;
 - `model.keras`: the weights after the latest epoch, `best.keras`: the best
   on validation loss;
 - `log.csv`: per-epoch losses and accuracies (and `val_bleu`); the
@@ -22,6 +23,7 @@ import warnings
 
 import keras
 
+from keras_transformer.callbacks import PreemptibleBackup
 from keras_transformer.callbacks import ResumableEarlyStopping
 from keras_transformer.callbacks import TensorBoard
 from keras_transformer.callbacks import ValidationBLEU
@@ -133,24 +135,48 @@ def load_run(output_dir, which="best"):
 
 
 class _Timer(keras.callbacks.Callback):
-    def __init__(self, path):
+    """Appends each epoch's wall seconds, steps, precision and logs to
+    `epochs.jsonl`. An epoch cut short after a save inside it
+    (`checkpoint_every`, a stop on SIGTERM) is run again from its first batch
+    on resuming, from the saved weights; `carry` writes the seconds and steps
+    done up to that save to `checkpoints/partial_epoch.json`, and the epoch
+    that completes it counts them, so that the log adds up to the training
+    time and the optimizer's steps."""
+
+    def __init__(self, path, partial_path):
         super().__init__()
-        self.path = path
+        self.path, self.partial_path = path, partial_path
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.start = time.time()
-        self.steps = 0
+        self.start, self.steps, self.carried = time.time(), 0, (0.0, 0)
+        if os.path.exists(self.partial_path):
+            with open(self.partial_path) as f:
+                partial = json.load(f)
+            if partial.get("epoch") == epoch + 1:
+                self.carried = (float(partial["seconds"]), int(partial["steps"]))
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
 
+    def carry(self, epoch, steps):
+        """Records the running epoch's work up to a save made after `steps`
+        of its steps (`PreemptibleBackup.on_mid_epoch_save`)."""
+        partial = {"epoch": epoch + 1, "seconds": round(self.carried[0] + time.time() - self.start, 1),
+                   "steps": self.carried[1] + int(steps)}
+        with open(self.partial_path + ".tmp", "w") as f:
+            json.dump(partial, f)
+        os.replace(self.partial_path + ".tmp", self.partial_path)
+
     def on_epoch_end(self, epoch, logs=None):
-        record = {"epoch": epoch + 1, "seconds": round(time.time() - self.start, 1), "steps": self.steps,
+        record = {"epoch": epoch + 1, "seconds": round(self.carried[0] + time.time() - self.start, 1),
+                  "steps": self.carried[1] + self.steps,
                   # A resumed run may change precision; config.json keeps the latest.
                   "precision": self.model.logits_layer.dtype_policy.name}
         record.update({k: float(v) for k, v in (logs or {}).items() if math.isfinite(float(v))})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if os.path.exists(self.partial_path):
+            os.remove(self.partial_path)
 
 
 def _check_settings(config, model_config):
@@ -227,7 +253,7 @@ _FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase", "shared_voca
 _FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "sequence_length",
                 "norm_first", "activation", "tie_embeddings")
 # Values of settings that runs written before they existed had.
-_FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none"}
+_FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none", "norm_first": False}
 # Settings that runs written before a rename recorded under their old names.
 _OLD_NAMES = {"sequence_length": "max_length"}
 
@@ -326,6 +352,9 @@ def train(config, verbose=1):
             or a run folder whose tokenizers or weights do not fit the
             settings (checked before anything is written).
         FileNotFoundError: if a training or validation file is missing.
+        keras_transformer.callbacks.TrainingStopped: the process got SIGTERM;
+            the training state after the last finished step is saved, and
+            `train` on the same folder resumes it.
     """
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
@@ -441,15 +470,18 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
             read_lines(config.val_src), read_lines(config.val_tgt), src_tok, tgt_tok,
             every=config.bleu_every,
         ))
+    timer = _Timer(os.path.join(out, "epochs.jsonl"), os.path.join(out, "checkpoints", "partial_epoch.json"))
+    # Kept after the run ends, so `train` with more epochs continues too;
+    # double_checkpoint keeps the previous backup if a save is cut off.
+    backup = PreemptibleBackup(
+        os.path.join(out, "checkpoints"),
+        save_freq=config.checkpoint_every or "epoch",
+        double_checkpoint=True,
+        delete_checkpoint=False,
+        on_mid_epoch_save=timer.carry,
+    )
     callbacks += [
-        # Kept after the run ends, so `train` with more epochs continues too;
-        # double_checkpoint keeps the previous backup if a save is cut off.
-        keras.callbacks.BackupAndRestore(
-            os.path.join(out, "checkpoints"),
-            save_freq=config.checkpoint_every or "epoch",
-            double_checkpoint=True,
-            delete_checkpoint=False,
-        ),
+        backup,
         keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
         keras.callbacks.ModelCheckpoint(
             os.path.join(out, "best.keras"), monitor=best_metric, save_best_only=True,
@@ -462,7 +494,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
         *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
         keras.callbacks.TerminateOnNaN(),
-        _Timer(os.path.join(out, "epochs.jsonl")),
+        timer,
         _WarmupCheck(config.warmup_steps, config.epochs),
     ]
     if config.early_stopping_patience:
@@ -478,10 +510,13 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         # pass; Keras warns about both on every epoch.
         warnings.filterwarnings("ignore", message=".*shuffle=True. was passed")
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        model.fit(
-            train_ds, validation_data=val_ds, epochs=config.epochs,
-            callbacks=callbacks, verbose=verbose, shuffle=False,
-        )
+        try:
+            model.fit(
+                train_ds, validation_data=val_ds, epochs=config.epochs,
+                callbacks=callbacks, verbose=verbose, shuffle=False,
+            )
+        finally:
+            backup.release()
     stopper = next((c for c in callbacks if isinstance(c, ResumableEarlyStopping)), None)
     if verbose and stopper is not None and stopper.stopped_epoch:
         print(f"Stopped early after epoch {stopper.stopped_epoch + 1}: {monitor} has not improved on "

@@ -167,6 +167,34 @@ def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path):
         _check_resumable(str(run), new, new.model_config())
 
 
+def test_norm_first_reaches_the_model_and_is_fixed_for_a_run(tmp_path):
+    """`norm_first` (pre-LN) goes from `TrainingConfig` into the model; a run
+    folder refuses to resume with the other block layout (the weights would
+    not fit: pre-LN adds a final LayerNorm per stack), and a folder written
+    before the setting existed resumes as the post-LN it is."""
+    import dataclasses
+
+    from keras_transformer import build_transformer
+    from keras_transformer.training import TrainingConfig, _check_resumable
+
+    pre = TrainingConfig(train_src="s", train_tgt="t", norm_first=True, preset="tiny")
+    post = TrainingConfig(train_src="s", train_tgt="t", preset="tiny")
+    assert pre.model_config()["norm_first"] is True and post.model_config()["norm_first"] is False
+    model = build_transformer(50, 50, **pre.model_config())
+    assert model.norm_first and model.encoder_final_norm is not None and model.decoder_final_norm is not None
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "source.model").write_text("")
+    (run / "config.json").write_text(json.dumps({"training": dataclasses.asdict(post), "model": post.model_config()}))
+    with pytest.raises(ValueError, match="norm_first False -> True"):
+        _check_resumable(str(run), pre, pre.model_config())
+    before = {k: v for k, v in post.model_config().items() if k != "norm_first"}
+    (run / "config.json").write_text(json.dumps({"training": dataclasses.asdict(post), "model": before}))
+    _check_resumable(str(run), post, post.model_config())
+    with pytest.raises(ValueError, match="norm_first False -> True"):
+        _check_resumable(str(run), pre, pre.model_config())
+
+
 def test_missing_training_file_is_refused_before_the_run_folder_is_made(tmp_path, capsys):
     run = tmp_path / "run"
     err = _train_error(["--train-src", str(tmp_path / "missing.en"), "--train-tgt",
@@ -618,7 +646,62 @@ def test_checkpoint_every_n_steps_keeps_the_steps_of_a_killed_epoch(tmp_path, mo
         model, *_ = training.train(training.TrainingConfig(**{
             **json.load(open(run / "config.json"))["training"]}), verbose=0)
         steps_taken[every] = int(model.optimizer.iterations.numpy())
+        # The log counts the 3 saved steps of the killed epoch in the epoch that completes it.
+        assert sum(json.loads(line)["steps"] for line in open(run / "epochs.jsonl")) == steps_taken[every]
     assert steps_taken[3] - steps_taken[None] == 3, steps_taken
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_it_stopped_after_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+    """SIGTERM in the first epoch of a resumed run (epoch 2 of 2, after 1
+    epoch trained by an earlier run) saves the state after its next step and
+    exits 143; training again resumes epoch 2 from the saved weights, not
+    epoch 1 (Keras's own backup records epoch 0 for a mid-epoch save in a
+    resumed run's first epoch), and `epochs.jsonl` counts the stopped
+    steps: its steps add up to the optimizer's, and its seconds include
+    the stopped ones. The SIGTERM handler from before training is back
+    after each training."""
+    import signal
+
+    import keras_transformer.training as training
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=300, n_val=10, seed=6)
+    run = tmp_path / "run"
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1", "--sequence-length", "24",
+            "--src-vocab-size", "100", "--tgt-vocab-size", "100", "--tokens-per-batch", "512",
+            "--warmup-steps", "5", "--no-tensorboard"]
+    main(args + ["--epochs", "1"])
+    original = training._Timer.on_train_batch_end
+
+    def signalled(self, batch, logs=None):
+        original(self, batch, logs)
+        if self.steps == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(training._Timer, "on_train_batch_end", signalled)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(args + ["--epochs", "2"])
+    err = capsys.readouterr().err
+    assert info.value.code == 143
+    assert "stopped by SIGTERM after step 4 of epoch 2" in err and "Resume with: keras-transformer train" in err
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+    assert json.load(open(run / "checkpoints" / "training_metadata.json"))["epoch"] == 1
+    partial = json.load(open(run / "checkpoints" / "partial_epoch.json"))
+    assert partial["epoch"] == 2 and partial["steps"] == 4 and partial["seconds"] > 0
+    monkeypatch.setattr(training._Timer, "on_train_batch_end", original)
+    model, *_ = training.train(training.TrainingConfig(**json.load(open(run / "config.json"))["training"]),
+                               verbose=0)
+    records = [json.loads(line) for line in open(run / "epochs.jsonl")]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records[1]["steps"] == records[0]["steps"] + 4
+    assert records[1]["seconds"] > partial["seconds"]
+    assert not (run / "checkpoints" / "partial_epoch.json").exists()
+    assert int(model.optimizer.iterations.numpy()) == sum(r["steps"] for r in records)
+    assert signal.getsignal(signal.SIGTERM) is handler_before
 
 
 def test_settings_that_would_silently_train_the_wrong_thing_are_refused(tmp_path, monkeypatch, capsys):

@@ -98,16 +98,17 @@ def loss_and_gradients(model, x, labels, training):
     return float(to_numpy(loss)), grads
 
 
-def test_fast_path_training_step_equals_the_padded_one():
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fast_path_training_step_equals_the_padded_one(norm_first):
     """The training fast path skips padded positions and changes nothing else.
 
     With dropout 0, a training-mode call gives the inference-mode logits;
     on TensorFlow the fast path's forward pass (`fast_path.forward`, the
     position-wise layers on the real tokens only) gives them at the real
     positions (the padded ones are never computed: 0), and its loss,
-    predictions and gradients are the plain model's.
+    predictions and gradients are the plain model's, post-LN and pre-LN.
     """
-    model = small_model()
+    model = small_model(norm_first=norm_first)
     x = inputs(
         [[5, 6, 7, END, PAD], [8, END, PAD, PAD, PAD], [9, 10, 11, 12, END]],
         [[START, 8, 9, PAD], [START, PAD, PAD, PAD], [START, 13, 14, 15]],
