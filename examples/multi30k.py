@@ -18,7 +18,8 @@ weights and the feed-forward activation; label smoothing 0.1; the warm-up
 schedule (section 5.3) with 1,000 steps at scale 0.8 (a peak learning rate
 of about 0.0022: at 2.5 times that, 0.005, this post-LN model stalled at a
 validation loss of 4.05 by epoch 10); about 4,096 tokens per batch and
-side; early stopping after 10 epochs without a lower validation loss; the
+side; early stopping after 10 epochs without a lower validation loss, and
+at most 2 hours of training (`--time-budget`, the epochs' seconds); the
 last 10 epoch checkpoints averaged.
 
 `ship` chooses, on val only, the checkpoint (`best` by validation loss or
@@ -72,7 +73,8 @@ def config_for(args):
         norm_first=args.norm_first,
         epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps,
         lr_scale=args.lr_scale, sequence_length=64,
-        early_stopping_patience=10, keep_checkpoints=10, average_last=10, bleu_every=5,
+        early_stopping_patience=10, time_budget=args.time_budget,
+        keep_checkpoints=10, average_last=10, bleu_every=5,
     )
 
 
@@ -87,6 +89,8 @@ def recipe_flags(tc):
         flags += f" --lr-scale {tc['lr_scale']}"
     if tc.get("norm_first"):
         flags += " --norm-first"
+    if tc.get("time_budget") not in (None, 7200):
+        flags += f" --time-budget {tc['time_budget']:g}"
     return flags
 
 
@@ -306,6 +310,9 @@ def main():
                         help="factor on the learning-rate schedule (the recipe: 0.8)")
     parser.add_argument("--norm-first", action="store_true",
                         help="pre-LN blocks instead of the recipe's post-LN")
+    parser.add_argument("--time-budget", type=float, default=7200,
+                        help="seconds of training (the epochs' seconds, a resumed run's included): stop "
+                             "at the epoch end after which the next epoch would pass it (the recipe: 7200)")
     parser.add_argument("--steps-per-epoch", type=int, default=133,
                         help="steps of an epoch, for logs written before steps were recorded")
     args = parser.parse_args()
@@ -316,7 +323,8 @@ def main():
         try:
             train(config_for(args), verbose=2)
         except TrainingStopped as stopped:  # SIGTERM: saved; the same command resumes
-            sys.exit(f"{stopped}. Run the same command again to resume.")
+            print(f"{stopped}. Run the same command again to resume.", file=sys.stderr)
+            sys.exit(128 + stopped.signum)
         print(f"trained in {time.time() - start:.0f} s")
     elif args.command == "ship":
         ship(args)

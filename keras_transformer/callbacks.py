@@ -1,7 +1,8 @@
-"""Training callbacks: validation BLEU, early stopping that resumes,
-TensorBoard logs without the values an epoch did not compute, and a backup
-that saves and stops on SIGTERM."""
+"""Training callbacks: validation BLEU, early stopping that resumes, a
+time budget, TensorBoard logs without the values an epoch did not compute,
+and a backup that saves and stops on SIGTERM."""
 
+import json
 import math
 import os
 import signal
@@ -96,6 +97,62 @@ def history_state(run_dir, monitor, patience):
         else:
             wait += 1
     return wait, best, best is not None and wait >= patience
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training at the end of the epoch after which the next epoch
+    would take the run's training time past `seconds`, so that a run ends
+    inside a wall-clock budget (a job's time limit, a model card's "trained
+    in 2 hours") with every epoch whole and checkpointed.
+
+    The run's training time is the sum of the `seconds` of the records in
+    its `epochs.jsonl` (one line per epoch, written before this callback's
+    `on_epoch_end` by the run's epoch timer), so a resumed run counts the
+    time its earlier sessions took. The next epoch is estimated at the
+    longest of the last `lookback` epochs (epochs that also compute a
+    validation BLEU take longer).
+
+    Args:
+        run_dir: the run folder (its `epochs.jsonl`).
+        seconds: float > 0, the budget in seconds of epoch time.
+        lookback: int, the epochs that estimate the next one.
+
+    Raises:
+        ValueError: if `seconds` is not a positive number.
+    """
+
+    def __init__(self, run_dir, seconds, lookback=5):
+        super().__init__()
+        if isinstance(seconds, bool) or not float(seconds) > 0:
+            raise ValueError(f"A time budget must be a positive number of seconds; got {seconds!r}.")
+        self.run_dir, self.seconds, self.lookback = run_dir, float(seconds), int(lookback)
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        _, _, stop = time_budget_state(self.run_dir, self.seconds, self.lookback)
+        if stop:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+
+
+def time_budget_state(run_dir, seconds, lookback=5):
+    """`(used, next_epoch, stop)` for a time budget of `seconds` over the
+    run folder's `epochs.jsonl`: the seconds its epochs took in all, the
+    estimate of the next epoch (the longest of the last `lookback`; 0.0
+    before any), and whether the next epoch would end past the budget.
+
+    Example:
+    >>> time_budget_state("/nonexistent", 7200.0)
+    (0.0, 0.0, False)
+    """
+    path = os.path.join(run_dir, "epochs.jsonl")
+    durations = []
+    if os.path.exists(path):
+        with open(path) as f:
+            durations = [float(json.loads(line).get("seconds", 0.0)) for line in f if line.strip()]
+    used = float(sum(durations))
+    next_epoch = max(durations[-int(lookback):], default=0.0)
+    return used, next_epoch, bool(durations) and used + next_epoch > float(seconds)
 
 
 class TensorBoard(keras.callbacks.TensorBoard):

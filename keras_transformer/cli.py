@@ -16,6 +16,17 @@ import sys
 import time
 
 
+def _positive_float(text):
+    """argparse type: a float above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0; got {text}")
+    return value
+
+
 def _positive_int(text):
     """argparse type: an int of at least 1."""
     try:
@@ -101,6 +112,9 @@ def _add_training_args(parser):
                         help="after training, average the last N epoch checkpoints into RUN/averaged.keras")
     parser.add_argument("--early-stopping-patience", type=_positive_int,
                         help="stop after N epochs without a lower validation loss")
+    parser.add_argument("--time-budget", type=_positive_float, metavar="SECONDS",
+                        help="stop at the end of the epoch after which the next one would take the "
+                             "run's training time (a resumed run's included) past SECONDS")
     parser.add_argument("--bleu-every", type=int, default=defaults.bleu_every,
                         help="validation BLEU (greedy) every N epochs, logged as val_bleu (default: 0, off)")
     parser.add_argument("--checkpoint-metric", default=defaults.checkpoint_metric, choices=["val_loss", "val_bleu"],

@@ -64,6 +64,10 @@ class TrainingConfig:
             `keras_transformer.checkpoints`.
         early_stopping_patience: stop after this many epochs without a
             lower validation loss (None: run every epoch); resumable.
+        time_budget: seconds of training (the epochs' seconds in
+            `epochs.jsonl`, a resumed run's earlier sessions included):
+            stop at the end of the epoch after which the next one would
+            pass it (None: no budget); see `callbacks.TimeBudget`.
         bleu_every: compute the validation BLEU (greedy) every N epochs and
             log it as `val_bleu` (0: never).
         checkpoint_metric: `"val_loss"` or `"val_bleu"` (needs `bleu_every`):
@@ -110,6 +114,7 @@ class TrainingConfig:
     keep_checkpoints: int = 5
     average_last: int = None
     early_stopping_patience: int = None
+    time_budget: float = None
     bleu_every: int = 0
     checkpoint_metric: str = "val_loss"
     tensorboard: bool = True

@@ -26,8 +26,10 @@ import keras
 from keras_transformer.callbacks import PreemptibleBackup
 from keras_transformer.callbacks import ResumableEarlyStopping
 from keras_transformer.callbacks import TensorBoard
+from keras_transformer.callbacks import TimeBudget
 from keras_transformer.callbacks import ValidationBLEU
 from keras_transformer.callbacks import history_state
+from keras_transformer.callbacks import time_budget_state
 from keras_transformer.checkpoints import EpochCheckpoint
 from keras_transformer.checkpoints import epoch_log
 from keras_transformer.checkpoints import average_checkpoints
@@ -214,6 +216,9 @@ def _check_settings(config, model_config):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    if config.time_budget is not None and (isinstance(config.time_budget, bool)
+                                           or not float(config.time_budget) > 0):
+        raise ValueError(f"`time_budget` must be a positive number of seconds; got {config.time_budget!r}.")
     if config.average_last and config.average_last > config.keep_checkpoints:
         raise ValueError(
             f"average_last={config.average_last} needs that many epoch checkpoints, but "
@@ -505,6 +510,14 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
                       f"{config.early_stopping_patience} epochs; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
         callbacks.append(ResumableEarlyStopping(out, monitor, config.early_stopping_patience))
+    if config.time_budget:
+        used, next_epoch, stop = time_budget_state(out, config.time_budget)
+        if stop:
+            if verbose:
+                print(f"Time budget: {used:.0f} s trained of {config.time_budget:.0f} s, and an epoch "
+                      f"takes about {next_epoch:.0f} s; nothing more to train.")
+            return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
+        callbacks.append(TimeBudget(out, config.time_budget))
     with warnings.catch_warnings():
         # The dataset is shuffled and its length unknown until the first
         # pass; Keras warns about both on every epoch.
@@ -521,6 +534,11 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
     if verbose and stopper is not None and stopper.stopped_epoch:
         print(f"Stopped early after epoch {stopper.stopped_epoch + 1}: {monitor} has not improved on "
               f"{stopper.best:.4f} for {config.early_stopping_patience} epochs.")
+    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
+    if verbose and budget is not None and budget.stopped_epoch is not None:
+        used, next_epoch, _ = time_budget_state(out, config.time_budget)
+        print(f"Stopped after epoch {budget.stopped_epoch + 1} for the time budget: {used:.0f} s trained "
+              f"of {config.time_budget:.0f} s, and the next epoch would take about {next_epoch:.0f} s.")
     return _finish(config, model, out, src_tok, tgt_tok, verbose)
 
 

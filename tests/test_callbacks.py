@@ -1,6 +1,7 @@
 """`callbacks.PreemptibleBackup` in a plain `model.fit`: SIGTERM saves the
 state and stops, at a step or before the next epoch; a second signal goes to
-the handler from before; the handler is restored."""
+the handler from before; the handler is restored. `callbacks.TimeBudget`:
+the epoch it stops after, a resumed run counting its earlier time."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.callbacks import PreemptibleBackup, TrainingStopped
+from keras_transformer.callbacks import PreemptibleBackup, TimeBudget, TrainingStopped, time_budget_state
 
 
 def _model():
@@ -110,3 +111,54 @@ def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_t
 def test_training_stopped_is_not_an_exception():
     """`except Exception` in a user's loop does not swallow the stop."""
     assert issubclass(TrainingStopped, KeyboardInterrupt) and not issubclass(TrainingStopped, Exception)
+
+
+class _FakeTimer(keras.callbacks.Callback):
+    """Logs each epoch to `epochs.jsonl` as the run's timer does, with the
+    given seconds instead of measured ones."""
+
+    def __init__(self, run_dir, seconds):
+        super().__init__()
+        self.path, self.seconds = os.path.join(run_dir, "epochs.jsonl"), list(seconds)
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"epoch": epoch + 1, "seconds": self.seconds[epoch]}) + "\n")
+
+
+@pytest.mark.parametrize("budget, epochs_run", [(35.0, 3), (40.0, 4), (61.0, 5), (1000.0, 8)])
+def test_time_budget_stops_before_the_epoch_that_would_pass_it(tmp_path, budget, epochs_run):
+    # Epochs of 10 s, the fifth (a validation-BLEU epoch) 20 s. After epoch k
+    # the next is estimated at the longest of the last 5: a stop once
+    # used + estimate > budget. 35: 30 + 10 > 35 after 3. 40: 30 + 10 = 40
+    # goes on, 40 + 10 stops after 4. 61: 40 + 10 = 50 goes on to 5, then
+    # 60 + 20 > 61 stops after 5.
+    x, y = _data()
+    seconds = [10.0, 10.0, 10.0, 10.0, 20.0, 10.0, 10.0, 10.0]
+    budget_cb = TimeBudget(str(tmp_path), budget)
+    history = _model().fit(x, y, batch_size=8, epochs=8, verbose=0,
+                           callbacks=[_FakeTimer(str(tmp_path), seconds), budget_cb])
+    assert len(history.history["loss"]) == epochs_run
+    assert budget_cb.stopped_epoch == (None if epochs_run == 8 else epochs_run - 1)
+    used, next_epoch, stop = time_budget_state(str(tmp_path), budget)
+    assert used == sum(seconds[:epochs_run])
+    assert next_epoch == max(seconds[max(0, epochs_run - 5):epochs_run])
+    assert stop == (epochs_run < 8)
+
+
+def test_time_budget_counts_the_time_of_a_resumed_runs_earlier_sessions(tmp_path):
+    with open(tmp_path / "epochs.jsonl", "w") as f:
+        for epoch in (1, 2):
+            f.write(json.dumps({"epoch": epoch, "seconds": 15.0}) + "\n")
+    assert time_budget_state(str(tmp_path), 45.0) == (30.0, 15.0, False)
+    assert time_budget_state(str(tmp_path), 44.9) == (30.0, 15.0, True)
+    x, y = _data()
+    history = _model().fit(x, y, batch_size=8, epochs=5, verbose=0,
+                           callbacks=[_FakeTimer(str(tmp_path), [15.0] * 5), TimeBudget(str(tmp_path), 45.0)])
+    assert len(history.history["loss"]) == 1  # 30 + 15 = 45 used, 15 more would pass 45
+
+
+@pytest.mark.parametrize("seconds", [0, -5, True, float("nan")])
+def test_time_budget_refuses_a_budget_that_is_not_a_positive_number(tmp_path, seconds):
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        TimeBudget(str(tmp_path), seconds)

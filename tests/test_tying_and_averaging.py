@@ -221,3 +221,8 @@ def test_train_with_tying_shared_vocab_bleu_early_stopping_and_averaging(tmp_pat
     main(args[:args.index("--early-stopping-patience")] + ["--early-stopping-patience", "2",
                                                            "--epochs", "8"])
     assert "nothing more to train" in capsys.readouterr().out
+    # So does a spent time budget: the three trained epochs took more than 1 s.
+    main(args + ["--epochs", "8", "--time-budget", "1"])
+    out = capsys.readouterr().out
+    assert "Time budget:" in out and "nothing more to train" in out
+    assert len(open(os.path.join(run, "epochs.jsonl")).readlines()) == 5
