@@ -48,3 +48,39 @@ def test_useful_flops_counts_every_kernel_on_the_tokens_it_sees():
     )
     expected = 3 * (per_source * src.sum() + per_target * tgt.sum() + attention)
     np.testing.assert_allclose(bench.useful_flops(src, tgt), expected, rtol=1e-12)
+
+
+def _load(name):
+    path = _BENCHMARK.parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_{name}_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decoding_profile_counts_ops_per_while_loop_step():
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    profile = _load("decoding_profile")
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    names = ["while/cond/_1/while/Less:Less", "while/body/_2/while/MatMul:_MklMatMul",
+             "while/body/_2/while/add:AddV2", "ExecutorState::Process", "encoder/Less:Less"]
+    for key, name in enumerate(names, start=1):
+        plane.event_metadata[key].id, plane.event_metadata[key].name = key, name
+    line = plane.lines.add(name="tf_Compute")
+    # Three steps: the condition runs 3 times, a matmul (10 us) and two adds
+    # (1 us) a step; one executor event and one Less outside the loop.
+    for _ in range(3):
+        line.events.add(metadata_id=1, duration_ps=500_000)
+        line.events.add(metadata_id=2, duration_ps=10_000_000)
+        line.events.add(metadata_id=3, duration_ps=1_000_000)
+        line.events.add(metadata_id=3, duration_ps=1_000_000)
+    line.events.add(metadata_id=4, duration_ps=99_000_000)
+    line.events.add(metadata_id=5, duration_ps=2_000_000)
+    steps, table = profile.op_table(space)
+    assert steps == 3
+    assert table == {"Less": (4, 3_500_000), "_MklMatMul": (3, 30_000_000), "AddV2": (6, 6_000_000)}
+    lines = profile.format_table(steps, table, wall_seconds=0.05)
+    assert lines[0] == "decoding steps: 3; ops: 13 (4.3 a step); kernel time 0.0 ms; wall time 50.0 ms"
+    assert lines[2].split() == ["_MklMatMul", "1.0", "0.030", "10.00", "75.9%"]
