@@ -376,6 +376,8 @@ def train(config, verbose=1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
     _check_settings(config, model_config)
     check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--output-dir {out} is a file; pass a new or empty folder for the run.")
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "config.json")):
         raise ValueError(
             f"--output-dir {out} is a folder with other files and no training run in it "
@@ -514,7 +516,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         used, next_epoch, stop = time_budget_state(out, config.time_budget)
         if stop:
             if verbose:
-                print(f"Time budget: {used:.0f} s trained of {config.time_budget:.0f} s, and an epoch "
+                print(f"Time budget: {used:.0f} s trained of {config.time_budget:g} s, and an epoch "
                       f"takes about {next_epoch:.0f} s; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
         callbacks.append(TimeBudget(out, config.time_budget))
@@ -538,7 +540,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
     if verbose and budget is not None and budget.stopped_epoch is not None:
         used, next_epoch, _ = time_budget_state(out, config.time_budget)
         print(f"Stopped after epoch {budget.stopped_epoch + 1} for the time budget: {used:.0f} s trained "
-              f"of {config.time_budget:.0f} s, and the next epoch would take about {next_epoch:.0f} s.")
+              f"of {config.time_budget:g} s, and the next epoch would take about {next_epoch:.0f} s.")
     return _finish(config, model, out, src_tok, tgt_tok, verbose)
 
 

@@ -240,6 +240,20 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     err = _train_error(["--train-src", str(binary), "--train-tgt", str(binary),
                         "--output-dir", str(run)], capsys)
     assert "binary.dat is not UTF-8 text" in err
+    # A .gz name on a file that is not gzip, and a cut-off gzip file: the
+    # error names the file (gzip's own names none).
+    fake = tmp_path / "fake.gz"
+    fake.write_text("no gzip here\n")
+    err = _train_error(["--train-src", str(fake), "--train-tgt", str(fake), "--output-dir", str(run)], capsys)
+    assert f"{fake} ends with .gz but is not a complete gzip file" in err
+    import gzip
+
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(gzip.compress(b"one\ntwo\n" * 100)[:-12])
+    err = _train_error(["--train-src", str(cut), "--train-tgt", str(cut), "--output-dir", str(run)], capsys)
+    assert f"{cut} ends with .gz but is not a complete gzip file" in err
+    err = _train_error(files + ["--output-dir", str(fake)], capsys)
+    assert f"--output-dir {fake} is a file" in err
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -27,7 +27,8 @@ def read_lines(path):
 
     Raises:
         FileNotFoundError: if `path` does not exist.
-        ValueError: if the file is not UTF-8 text (naming the file).
+        ValueError: if the file is not UTF-8 text, or a `.gz` name holds no
+            complete gzip data (naming the file).
 
     Example:
 
@@ -36,8 +37,12 @@ def read_lines(path):
     ```
     """
     opener = gzip.open if _is_gzip(path) else open
-    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-        return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
+    try:
+        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+            return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
+    except (gzip.BadGzipFile, EOFError) as error:
+        raise ValueError(f"{os.fspath(path)} ends with .gz but is not a complete gzip file ({error}); "
+                         "decompress it right, or name a plain text file without .gz.") from None
 
 
 def read_text_lines(stream, name, expected="UTF-8 text, one sentence per line"):
