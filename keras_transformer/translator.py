@@ -1,6 +1,7 @@
 """String-to-string translation: tokenize, decode with a cache, detokenize."""
 
 import math
+import sys
 
 import keras
 import numpy as np
@@ -426,7 +427,10 @@ def _by_length(rows_of, lines, batch_size, progress):
     batches of similar length; the results in the order of `lines`."""
     order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
     results = [None] * len(lines)
-    bar = keras.utils.Progbar(len(lines), unit_name="sentence") if progress else None
+    # Keras redraws the bar in place wherever it runs on POSIX; into a log
+    # file (not a terminal) it writes one line at the end instead.
+    interactive = getattr(sys.stdout, "isatty", lambda: False)()
+    bar = keras.utils.Progbar(len(lines), unit_name="sentence", verbose=1 if interactive else 2) if progress else None
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         rows = rows_of(tf.constant([lines[i] for i in chunk], tf.string))
