@@ -216,9 +216,8 @@ def _check_settings(config, model_config):
         value = getattr(config, name)
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-    if config.time_budget is not None and (isinstance(config.time_budget, bool)
-                                           or not float(config.time_budget) > 0):
-        raise ValueError(f"`time_budget` must be a positive number of seconds; got {config.time_budget!r}.")
+    if config.time_budget is not None:
+        TimeBudget(None, config.time_budget)  # refuses a budget that is not a positive number
     if config.average_last and config.average_last > config.keep_checkpoints:
         raise ValueError(
             f"average_last={config.average_last} needs that many epoch checkpoints, but "
