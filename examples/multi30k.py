@@ -74,8 +74,15 @@ def config_for(args):
         epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps,
         lr_scale=args.lr_scale, sequence_length=64,
         early_stopping_patience=10, time_budget=args.time_budget,
-        keep_checkpoints=10, average_last=10, bleu_every=5,
+        keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
     )
+
+
+def subword_note(tc):
+    """The card's words for subword regularization, when the run used it."""
+    if tc.get("subword_alpha") is None:
+        return ""
+    return f" subword regularization (Kudo, 2018) of the training pairs at alpha {tc['subword_alpha']:g},"
 
 
 def recipe_flags(tc):
@@ -89,6 +96,8 @@ def recipe_flags(tc):
         flags += f" --lr-scale {tc['lr_scale']}"
     if tc.get("norm_first"):
         flags += " --norm-first"
+    if tc.get("subword_alpha") is not None:
+        flags += f" --subword-alpha {tc['subword_alpha']:g}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -265,7 +274,7 @@ set was translated once, by the chosen SavedModel.
   {'one SentencePiece model for both sides' if tc.get('shared_vocab') else 'separate SentencePiece models'};
   tied embeddings: {mc.get('tie_embeddings', 'none')}; cased, no lowercasing.
 - Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
-  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']}, length-bucketed batches of about
+  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)} length-bucketed batches of about
   {tc['tokens_per_batch']} tokens per side, seed {tc['seed']}; early stopping patience
   {tc.get('early_stopping_patience')}; the last {tc.get('average_last')} epoch checkpoints averaged.
 - Trained {m['epochs_trained']} epochs ({m['steps']} steps); best validation loss at
@@ -310,6 +319,9 @@ def main():
                         help="factor on the learning-rate schedule (the recipe: 0.8)")
     parser.add_argument("--norm-first", action="store_true",
                         help="pre-LN blocks instead of the recipe's post-LN")
+    parser.add_argument("--subword-alpha", type=float,
+                        help="subword regularization of the training pairs, alpha in (0, 1] "
+                             "(the recipe: off)")
     parser.add_argument("--time-budget", type=float, default=7200,
                         help="seconds of training (the epochs' seconds, a resumed run's included): stop "
                              "at the epoch end after which the next epoch would pass it (the recipe: 7200)")

@@ -91,6 +91,10 @@ def _add_training_args(parser):
     for name in ("lr_scale", "label_smoothing"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=f"{helps[name]} (default: %(default)s)")
+    parser.add_argument("--subword-alpha", type=float, metavar="ALPHA",
+                        help="subword regularization (Kudo, 2018): sample a new segmentation of every "
+                             "training pair each epoch, with this smoothing parameter in (0, 1]; "
+                             "smaller is more varied (default: off, one fixed segmentation)")
     for name, help_text in (
         ("attention-dropout-rate", "dropout on the attention weights (default: --dropout-rate)"),
         ("activation-dropout-rate", "dropout on the feed-forward activation (default: 0)"),

@@ -44,6 +44,11 @@ class TrainingConfig:
         epochs: passes over the training data.
         warmup_steps, lr_scale: `WarmupSchedule` (section 5.3).
         label_smoothing: epsilon of section 5.4 (0.1 in the paper).
+        subword_alpha: subword regularization of the training data (Kudo,
+            2018): a float in (0, 1], the smoothing parameter of
+            `SubwordTokenizer.sample`, for a newly sampled segmentation of
+            each training pair in every epoch; None (default): the one
+            deterministic segmentation. Validation data is never sampled.
         seed: random seed.
         jit_compile: XLA for the train step (`"auto"` lets Keras choose).
         distribution: None (one device), `"data_parallel"` (all local
@@ -101,6 +106,7 @@ class TrainingConfig:
     warmup_steps: int = 1000
     lr_scale: float = 0.5
     label_smoothing: float = 0.1
+    subword_alpha: float = None
     seed: int = 0
     jit_compile: object = False
     distribution: str = None

@@ -43,6 +43,7 @@ from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
+from keras_transformer.tokenizers.subword_tokenizer import check_alpha
 from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models.conversion import as_transformer
 from keras_transformer.models.conversion import copy_weights
@@ -190,6 +191,8 @@ def _check_settings(config, model_config):
     check_batching(config.sequence_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
+    if config.subword_alpha is not None:
+        check_alpha(config.subword_alpha, "subword_alpha")
     for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
         rate = model_config.get(name)
         if rate is not None and not 0.0 <= rate < 1.0:
@@ -435,7 +438,7 @@ def train(config, verbose=1):
     # of 600 synthetic pairs took 8.5 s without, 0.4 s with).
     compiled = keras.backend.backend() == "jax" or config.jit_compile
 
-    def dataset(src, tgt, shuffle):
+    def dataset(src, tgt, shuffle, subword_alpha=None):
         return make_dataset(
             src, tgt, src_tok, tgt_tok,
             sequence_length=config.sequence_length,
@@ -445,9 +448,10 @@ def train(config, verbose=1):
             seed=config.seed,
             batch_multiple=batch_multiple,
             pad_to_bucket_boundary=compiled and bool(config.tokens_per_batch),
+            subword_alpha=subword_alpha,
         )
 
-    train_ds = dataset(src_lines, tgt_lines, True)
+    train_ds = dataset(src_lines, tgt_lines, True, config.subword_alpha)
     val_ds = dataset(config.val_src, config.val_tgt, False) if config.val_src else None
 
     with data_parallel_scope(config.distribution):

@@ -34,6 +34,7 @@ from keras_transformer.data.packing import pack_target_ragged
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.data.text_files import read_parallel
 from keras_transformer.deprecation import renamed_argument
+from keras_transformer.tokenizers.subword_tokenizer import check_alpha
 
 _TOKENIZE_CHUNK = 1024
 
@@ -118,7 +119,8 @@ def read_pairs(src, tgt):
     return [s for s, _ in kept], [t for _, t in kept]
 
 
-def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length):
+def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length,
+                   subword_alpha=None):
     """Stage 2: a dataset of packed training examples.
 
     Sources are packed as `t[:sequence_length - 1] + [end]`; targets as
@@ -132,6 +134,10 @@ def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_
         src_tokenizer, tgt_tokenizer: tokenizers with `tokenize` (rank-1
             strings to ragged ids), `end_id` (and the target's `start_id`).
         sequence_length: int >= 2.
+        subword_alpha: optional float in `(0, 1]`: tokenize with the
+            tokenizers' `sample(lines, subword_alpha)` (subword
+            regularization), a new segmentation on every pass over the
+            dataset. `None` (the default): `tokenize`.
 
     Returns:
         `tf.data.Dataset` of `(encoder_inputs, decoder_inputs, labels)`,
@@ -141,13 +147,18 @@ def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_
     src_end = int(src_tokenizer.end_id)
     tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)
 
+    def tokenize(tokenizer, lines):
+        if subword_alpha is None:
+            return tokenizer.tokenize(lines)
+        return tokenizer.sample(lines, subword_alpha)
+
     def tokenize_and_pack(src_batch, tgt_batch):
         # Batched: ragged ops on a chunk are much faster than per example.
         encoder_inputs = pack_source_ragged(
-            src_tokenizer.tokenize(src_batch), sequence_length, end_id=src_end
+            tokenize(src_tokenizer, src_batch), sequence_length, end_id=src_end
         )
         decoder_inputs, labels = pack_target_ragged(
-            tgt_tokenizer.tokenize(tgt_batch),
+            tokenize(tgt_tokenizer, tgt_batch),
             sequence_length + 1,
             start_id=tgt_start,
             end_id=tgt_end,
@@ -321,6 +332,7 @@ def make_dataset(
     cache=True,
     batch_multiple=1,
     max_length=None,
+    subword_alpha=None,
 ):
     """Builds a batched translation dataset for `model.fit`.
 
@@ -374,6 +386,16 @@ def make_dataset(
         batch_multiple: int. Pad every batch with all-padding rows up to a
             multiple of this (the device count of data-parallel training,
             which needs an even split). Defaults to 1.
+        subword_alpha: optional float in `(0, 1]`. Subword regularization
+            (Kudo, 2018): every pass over the data tokenizes each line with
+            a newly sampled segmentation (the tokenizers' `sample`), so
+            `cache` keeps the lines instead of the tokenized examples. The
+            number of batches of a pass then varies a little; unless
+            `repeat`, each epoch is exactly as many batches as the
+            deterministic tokenization gives, taken from a fresh pass (a
+            short pass is topped up from the next one). `None` (the
+            default): the deterministic segmentation (`tokenize`). For
+            training data only.
 
     Returns:
         `tf.data.Dataset` with element spec
@@ -382,7 +404,7 @@ def make_dataset(
 
     Raises:
         ValueError: on misaligned inputs, bad `sequence_length`,
-            `tokens_per_batch` or `bucket_boundaries`.
+            `tokens_per_batch`, `bucket_boundaries` or `subword_alpha`.
 
     Example:
 
@@ -409,11 +431,18 @@ def make_dataset(
     bucket_boundaries = resolve_bucket_boundaries(
         bucket_boundaries, sequence_length, tokens_per_batch, pad_to_bucket_boundary
     )
+    if subword_alpha is not None:
+        check_alpha(subword_alpha, "subword_alpha")
     src_lines, tgt_lines = read_pairs(src, tgt)
     ds = tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length)
     if cache:
         ds = ds.cache()
     examples = ds
+    if subword_alpha is not None:
+        # Lines are constants in the graph already (the cache); tokenized
+        # examples must not be cached, or every pass would repeat one sample.
+        ds = tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer,
+                            sequence_length, subword_alpha=float(subword_alpha))
     if shuffle:
         buffer = shuffle_buffer_size or max(len(src_lines), 1)
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -442,7 +471,13 @@ def make_dataset(
         # one optimizer step more per epoch than it runs batches (the
         # warm-up and Adam's bias correction would run ahead).
         count = int(batched(examples).reduce(0, lambda n, _: n + 1))
-        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+        if subword_alpha is None:
+            ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+        else:
+            # A sampled pass has about `count` batches, not exactly: every
+            # epoch starts a fresh pass (new order, new segmentations) and
+            # takes `count` batches of it.
+            ds = ds.repeat().take(count)
 
     if batch_multiple > 1:
         # Data-parallel training splits each batch evenly over the devices:

@@ -29,6 +29,7 @@ case in the vocabulary.
 
 import hashlib
 import json
+import numbers
 import os
 
 import sentencepiece as spm
@@ -55,6 +56,19 @@ _SPECIALS = {
 }
 
 _METADATA_FORMAT = "keras_transformer.SubwordTokenizer"
+
+
+def check_alpha(alpha, name="alpha"):
+    """Raises ValueError unless `alpha` is a number in (0, 1].
+
+    The check of subword regularization's `alpha` (`SubwordTokenizer.sample`),
+    reported under the argument's `name`.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha <= 1:
+        raise ValueError(
+            f"`{name}` must be a number in (0, 1] (Kudo, 2018, used 0.1 to 0.5; smaller "
+            f"samples more varied segmentations). Received: {name}={alpha!r}."
+        )
 
 
 class _SharedSentencepieceResource(tf.saved_model.experimental.TrackableResource):
@@ -225,19 +239,67 @@ class SubwordTokenizer(tf.Module):
         Raises:
             ValueError: if the input rank is unknown or greater than 1.
         """
+        inputs = self._check_rank(inputs, "tokenize")
+        return self._tokenizer.tokenize(prepare_text(inputs, self._lowercase))
+
+    @staticmethod
+    def _check_rank(inputs, method):
         inputs = tf.convert_to_tensor(inputs, dtype=tf.string)
         rank = inputs.shape.rank
         if rank is None or rank > 1:
             raise ValueError(
-                "`tokenize` expects a scalar string or a rank-1 batch of "
+                f"`{method}` expects a scalar string or a rank-1 batch of "
                 f"strings. Received a tensor with shape {inputs.shape}. "
                 "Reshape it to `(batch,)` first."
             )
-        return self._tokenizer.tokenize(prepare_text(inputs, self._lowercase))
+        return inputs
 
     def __call__(self, inputs):
         """Same as `tokenize`."""
         return self.tokenize(inputs)
+
+    def sample(self, inputs, alpha):
+        """Encodes strings into randomly sampled segmentations.
+
+        Subword regularization (Kudo, 2018, Section 3.2): each call draws
+        one segmentation of each string from the unigram language model's
+        lattice over all segmentations (`nbest_size=-1`), with
+        probabilities `P(x)**alpha` renormalized (`alpha` is an inverse
+        temperature: smaller is more random). With a BPE model,
+        SentencePiece applies BPE-dropout with probability `alpha` instead
+        (Provilkov et al., 2020). Every sample detokenizes to the same text
+        as `tokenize`'s ids. The draws use SentencePiece's own random
+        generator, not TensorFlow's seed, so they are not reproducible.
+        Meant for training data only: translate with `tokenize`.
+
+        Args:
+            inputs: `tf.string` tensor of rank 0 or 1, or a Python `str` /
+                list of `str`.
+            alpha: float in `(0, 1]`. Kudo's smoothing parameter (about 0.1
+                to 0.5 in the paper's experiments).
+
+        Returns:
+            The same shapes and dtype as `tokenize`.
+
+        Raises:
+            ValueError: if `alpha` is not in `(0, 1]`, or the input rank is
+                unknown or greater than 1.
+
+        References:
+            - [Kudo, 2018. Subword Regularization: Improving Neural Network
+              Translation Models with Multiple Subword Candidates](
+              https://arxiv.org/abs/1804.10959)
+        """
+        check_alpha(alpha)
+        inputs = self._check_rank(inputs, "sample")
+        sampler = tf_text.SentencepieceTokenizer(
+            model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=float(alpha)
+        )
+        # The op reads the sampling settings from the Python object and the
+        # model from its resource: share this tokenizer's resource (see
+        # `__init__`) rather than keeping a second, kernel-private one.
+        sampler._model_resource = self._tokenizer._model_resource
+        return sampler.tokenize(prepare_text(inputs, self._lowercase))
 
     def detokenize(self, ids):
         """Decodes subword ids back to text.
