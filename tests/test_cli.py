@@ -263,6 +263,7 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     (["--tokens-per-batch", "8"], "`tokens_per_batch` (8) must be at least `sequence_length`"),
     (["--warmup-steps", "0"], "warmup_steps"),
     (["--label-smoothing", "1.0"], "`label_smoothing` must be in [0, 1)"),
+    (["--subword-alpha", "0"], "`subword_alpha` must be a number in (0, 1]"),
 ])
 def test_settings_the_model_or_data_would_refuse_are_refused_before_the_folder(
     tmp_path, capsys, flags, message

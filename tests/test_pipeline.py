@@ -321,3 +321,43 @@ def test_fit_makes_one_optimizer_step_per_batch():
         on_train_batch_end=lambda batch, logs: seen.append(batch))])
     assert len(seen) == 2 * batches
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * batches
+
+
+def test_subword_alpha_resamples_every_epoch_in_a_fixed_number_of_batches(corpus, tokenizers):
+    """Subword regularization: each epoch is a fresh pass with newly sampled
+    segmentations, cut or topped up to the deterministic pass's batch count
+    (a sampled pass's count varies, and `fit` needs one length)."""
+    en, de = corpus
+    en_tok, de_tok = tokenizers
+    kwargs = dict(tokens_per_batch=256, sequence_length=32, seed=0)
+    fixed = make_dataset(en, de, *tokenizers, **kwargs)
+    sampled = make_dataset(en, de, *tokenizers, subword_alpha=0.2, **kwargs)
+    count = int(fixed.cardinality())
+    assert int(sampled.cardinality()) == count == len(collect(fixed))
+    pairs = set(zip(en, de))
+    fixed_ids = {p: None for p in pairs}
+    for x, y in fixed:
+        srcs = en_tok.detokenize(x["encoder_inputs"]).numpy()
+        for s, t, ids in zip(srcs, de_tok.detokenize(y).numpy(), y.numpy()):
+            fixed_ids[s.decode(), t.decode()] = tuple(ids[ids != PAD_ID])
+    epochs = [collect(sampled) for _ in range(2)]
+    changed = 0
+    for batches in epochs:
+        assert len(batches) == count
+        for enc, dec, lab in batches:
+            assert (dec[:, 0] == START_ID).all()
+            srcs = en_tok.detokenize(tf.constant(enc)).numpy()
+            for s, t, ids in zip(srcs, de_tok.detokenize(tf.constant(lab)).numpy(), lab):
+                # Each example is a training pair, aligned, its text intact.
+                assert (s.decode(), t.decode()) in pairs
+                changed += tuple(ids[ids != PAD_ID]) != fixed_ids[s.decode(), t.decode()]
+    examples = sum(len(b[0]) for batches in epochs for b in batches)
+    assert changed > examples // 4
+    assert [b[2].tolist() for b in epochs[0]] != [b[2].tolist() for b in epochs[1]]
+
+
+@pytest.mark.parametrize("alpha", [0, 2.0, "0.2"])
+def test_subword_alpha_outside_0_1_is_refused(corpus, tokenizers, alpha):
+    en, de = corpus
+    with pytest.raises(ValueError, match=r"`subword_alpha` must be a number in \(0, 1\]"):
+        make_dataset(en, de, *tokenizers, subword_alpha=alpha)

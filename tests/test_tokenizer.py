@@ -1,5 +1,6 @@
 """Tests for keras_transformer.tokenizers (SubwordTokenizer, training)."""
 
+import collections
 import inspect
 import json
 import os
@@ -383,3 +384,58 @@ def test_tokenizer_survives_set_random_seed():
     keras.utils.set_random_seed(1)
     assert tokenizer.tokenize(["A dog runs."]).to_list() == before
     assert tokenizer.detokenize(before).numpy().tolist() == [b"A dog runs."]
+
+
+def _segmentation_distribution(tokenizer, text, alpha):
+    """Kudo (2018), eq. 7: every segmentation x of `text` with probability
+    P(x)**alpha / Z, P(x) the product of its pieces' unigram probabilities
+    (the model's scores are their logs); all of them, from SentencePiece's
+    n-best list."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(tokenizer.proto)
+    segmentations = processor.nbest_encode_as_ids(text, 512)
+    assert len(segmentations) < 512  # the list is complete
+    log_p = np.array([sum(processor.GetScore(i) for i in s) for s in segmentations])
+    q = np.exp(alpha * (log_p - log_p.max()))
+    return [tuple(s) for s in segmentations], q / q.sum()
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.3])
+def test_sample_draws_segmentations_with_kudos_probabilities(tokenizer, alpha):
+    text = "Hundekatzenpark"
+    segmentations, q = _segmentation_distribution(tokenizer, text, alpha)
+    draws = to_lists(tokenizer.sample([text] * 4000, alpha))
+    counts = collections.Counter(tuple(d) for d in draws)
+    assert sum(counts[s] for s in segmentations) == 4000  # nothing outside the lattice
+    empirical = np.array([counts[s] / 4000 for s in segmentations])
+    assert q.max() < 0.9  # a spread distribution, so the comparison means something
+    assert 0.5 * np.abs(empirical - q).sum() < 0.05  # total variation
+    # The other alpha's distribution is far from these draws.
+    _, other = _segmentation_distribution(tokenizer, text, 0.4 - alpha)
+    assert 0.5 * np.abs(empirical - other).sum() > 0.1
+
+
+def test_sample_detokenizes_to_the_same_text_and_varies(tokenizer, lower_tokenizer, corpus):
+    sentences = corpus[:200]
+    fixed = tokenizer.tokenize(sentences)
+    first, second = tokenizer.sample(sentences, 0.2), tokenizer.sample(sentences, 0.2)
+    for ids in (first, second):
+        assert ids.dtype == tf.int32
+        assert tokenizer.detokenize(ids).numpy().tolist() == tokenizer.detokenize(fixed).numpy().tolist()
+        assert sum(a != b for a, b in zip(to_lists(ids), to_lists(fixed))) > 50
+    assert to_lists(first) != to_lists(second)
+    # Smaller alpha: more varied, so longer, segmentations.
+    lengths = {a: int(tokenizer.sample(sentences, a).flat_values.shape[0]) for a in (0.1, 0.5)}
+    assert lengths[0.1] > lengths[0.5] > int(fixed.flat_values.shape[0])
+    # Scalars as in `tokenize`; the lowercase setting applies.
+    assert tokenizer.sample("Der Hund.", 0.5).shape.rank == 1
+    text = lower_tokenizer.detokenize(lower_tokenizer.sample(["HELLO WORLD"], 0.2)).numpy()[0]
+    assert text == b"hello world"
+
+
+@pytest.mark.parametrize("alpha", [0, -0.1, 1.5, True, "0.1", None])
+def test_sample_refuses_an_alpha_outside_0_1(tokenizer, alpha):
+    with pytest.raises(ValueError, match=r"`alpha` must be a number in \(0, 1\]"):
+        tokenizer.sample(["Der Hund."], alpha)

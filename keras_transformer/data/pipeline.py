@@ -124,7 +124,7 @@ def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_
     """Stage 2: a dataset of packed training examples.
 
     Sources are packed as `t[:sequence_length - 1] + [end]`; targets as
-    `[start] + t[:sequence_length] + [end]`, shifted into decoder inputs
+    `[start] + t[:sequence_length - 1] + [end]`, shifted into decoder inputs
     (without the end id) and labels (without the start id). Lines are
     tokenized in chunks, in-graph; examples whose source or target
     tokenizes to nothing are dropped.
@@ -137,7 +137,9 @@ def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_
         subword_alpha: optional float in `(0, 1]`: tokenize with the
             tokenizers' `sample(lines, subword_alpha)` (subword
             regularization), a new segmentation on every pass over the
-            dataset. `None` (the default): `tokenize`.
+            dataset; a line whose sample would be cut at `sequence_length`
+            where its `tokenize` ids would not keeps those. `None` (the
+            default): `tokenize`.
 
     Returns:
         `tf.data.Dataset` of `(encoder_inputs, decoder_inputs, labels)`,
@@ -147,10 +149,20 @@ def tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_
     src_end = int(src_tokenizer.end_id)
     tgt_start, tgt_end = int(tgt_tokenizer.start_id), int(tgt_tokenizer.end_id)
 
+    room = sequence_length - 1  # tokens a packed side keeps (with its start or end id)
+
     def tokenize(tokenizer, lines):
+        fixed = tokenizer.tokenize(lines)
         if subword_alpha is None:
-            return tokenizer.tokenize(lines)
-        return tokenizer.sample(lines, subword_alpha)
+            return fixed
+        # A sampled segmentation is longer than the fixed one; where it
+        # would be cut (and the pair lose its alignment) but the fixed one
+        # would not, the line keeps its fixed segmentation.
+        sampled = tokenizer.sample(lines, subword_alpha)
+        keep_fixed = tf.logical_and(sampled.row_lengths() > room, fixed.row_lengths() <= room)
+        rows = tf.range(tf.shape(lines, out_type=tf.int64)[0])
+        both = tf.concat([sampled, fixed], axis=0)
+        return tf.gather(both, rows + tf.cast(keep_fixed, tf.int64) * tf.size(rows, out_type=tf.int64))
 
     def tokenize_and_pack(src_batch, tgt_batch):
         # Batched: ragged ops on a chunk are much faster than per example.
@@ -337,7 +349,7 @@ def make_dataset(
     """Builds a batched translation dataset for `model.fit`.
 
     Sources are packed as `t[:sequence_length - 1] + [end]`; targets as
-    `[start] + t[:sequence_length] + [end]` and shifted into `decoder_inputs`
+    `[start] + t[:sequence_length - 1] + [end]` and shifted into `decoder_inputs`
     (without the end id) and `labels` (without the start id), so the end id
     survives truncation and `labels[:, i] == decoder_inputs[:, i + 1]`.
     Pairs where either side is empty or whitespace only (or tokenizes to
