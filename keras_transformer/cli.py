@@ -291,7 +291,8 @@ def cmd_train(args):
     fields = {k.replace("-", "_"): v for k, v in vars(args).items()}
     config = TrainingConfig(**{k: v for k, v in fields.items() if k in TrainingConfig.__dataclass_fields__})
     start = time.time()
-    train(config)
+    # Keras redraws its progress bar in place; into a log file, one line an epoch.
+    train(config, verbose=1 if getattr(sys.stdout, "isatty", lambda: False)() else 2)
     print(f"Trained in {time.time() - start:.0f} s; run folder: {config.output_dir}")
 
 

@@ -315,27 +315,15 @@ def _resumed_from(out):
     return max(epoch_log(out), default=0)
 
 
-class _WarmupCheck(keras.callbacks.Callback):
-    """Warns after the first epoch when the run is too short to finish the
-    learning-rate warm-up (the rate would still be rising at the end)."""
-
-    def __init__(self, warmup_steps, epochs):
-        super().__init__()
-        self.warmup_steps, self.epochs, self.steps, self.checked = warmup_steps, epochs, 0, False
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps += 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.checked:
-            return
-        self.checked = True
-        total = self.steps * self.epochs
-        if self.warmup_steps > total:
-            print(f"Warning: warmup_steps={self.warmup_steps} is more than the whole run "
-                  f"({self.steps} steps an epoch x {self.epochs} epochs = {total}): the learning "
-                  "rate never reaches its peak and the model may learn little. Lower "
-                  "--warmup-steps or train more epochs.", flush=True)
+def _warn_short_warmup(warmup_steps, steps_per_epoch, epochs):
+    """Warns, before the first epoch, when the run is too short to finish
+    the learning-rate warm-up (the rate would still be rising at the end)."""
+    total = steps_per_epoch * epochs
+    if steps_per_epoch > 0 and warmup_steps > total:
+        print(f"Warning: warmup_steps={warmup_steps} is more than the whole run "
+              f"({steps_per_epoch} steps an epoch x {epochs} epochs = {total}): the learning "
+              "rate never reaches its peak and the model may learn little. Lower "
+              "--warmup-steps or train more epochs.", flush=True)
 
 
 def _fast_path(config):
@@ -505,7 +493,6 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
         keras.callbacks.TerminateOnNaN(),
         timer,
-        _WarmupCheck(config.warmup_steps, config.epochs),
     ]
     if config.early_stopping_patience:
         _, best, stop = history_state(out, monitor, config.early_stopping_patience)
@@ -523,6 +510,8 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
                       f"takes about {next_epoch:.0f} s; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
         callbacks.append(TimeBudget(out, config.time_budget))
+    # `make_dataset` declares the batches of an epoch (unknown: negative).
+    _warn_short_warmup(config.warmup_steps, int(train_ds.cardinality()), config.epochs)
     with warnings.catch_warnings():
         # The dataset is shuffled and its length unknown until the first
         # pass; Keras warns about both on every epoch.

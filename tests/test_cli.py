@@ -594,6 +594,10 @@ def test_train_refuses_a_folder_of_other_files_and_warns_about_warmup(tmp_path, 
     main(args + ["--output-dir", str(tmp_path / "run"), "--warmup-steps", "1000"])
     out = capsys.readouterr().out
     assert "Warning: warmup_steps=1000 is more than the whole run" in out
+    # Said before the first epoch's progress bar, not in the middle of it.
+    assert out.index("Warning: warmup_steps") < out.index("/step")
+    # Into a file (not a terminal) the progress bar is one line an epoch, not redrawn.
+    assert "\r" not in out and out.count("/step") == 1
 
 
 def test_interrupted_training_says_how_to_resume(tmp_path, monkeypatch, capsys):
