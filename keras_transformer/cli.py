@@ -350,6 +350,10 @@ def cmd_translate(args):
                       "of a file; it is translated as text. To translate the file's lines, pass "
                       f"it on stdin: keras-transformer translate ... < {shlex.quote(line)}",
                       file=sys.stderr)
+        if len(lines) > 1 and not any(" " in line.strip() for line in lines):
+            print(f"keras-transformer translate: {len(lines)} arguments, each translated as its own "
+                  "sentence; to translate one sentence, quote it: "
+                  f"keras-transformer translate ... {shlex.quote(' '.join(lines))}", file=sys.stderr)
     else:
         from keras_transformer.data.text_files import read_text_lines
 
@@ -655,7 +659,9 @@ def main(argv=None):
     p.set_defaults(func=cmd_evaluate)
 
     p = add_command("translate", help="translate TEXT arguments or stdin lines")
-    p.add_argument("text", nargs="*")
+    p.add_argument("text", nargs="*",
+                   help='sentences to translate, one per argument: quote each ("A dog runs."); '
+                        "none: the lines of stdin")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="run folder written by train")
     source.add_argument("--saved-model", help="exported SavedModel folder")

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 import warnings
 
@@ -272,12 +273,14 @@ _TRAINED_FILES = ("source.model", "target.model", "model.keras", "best.keras", "
 
 
 def _check_resumable(out, config, model_config):
-    """Refuse to resume a run folder with settings its files do not fit."""
+    """Refuse to resume a run folder with settings its files do not fit;
+    the list of the other settings that differ from its `config.json`
+    (`"name old -> new"`), empty for a new run."""
     path = os.path.join(out, "config.json")
     if not os.path.exists(path):
-        return
+        return []
     if not any(os.path.exists(os.path.join(out, name)) for name in _TRAINED_FILES):
-        return
+        return []
     with open(path) as f:
         saved = json.load(f)
     changes = []
@@ -297,6 +300,12 @@ def _check_resumable(out, config, model_config):
             "its tokenizers and weights do not fit them. Continue it with its own "
             "settings (see its config.json), or pass a new --output-dir."
         )
+    # The rest may change on resume (more epochs, another dropout): say so.
+    return [
+        f"{key} {saved['training'][key]!r} -> {value!r}"
+        for key, value in dataclasses.asdict(config).items()
+        if key in saved.get("training", {}) and saved["training"][key] != value
+    ]
 
 
 def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
@@ -305,6 +314,28 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
         model.update(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"training": dataclasses.asdict(config), "model": model}, f, indent=2)
+
+
+def _read_and_tokenize(out, config):
+    """The training lines (aligned, not all blank) and the run's tokenizers
+    (trained, or loaded when the folder has them)."""
+    src_lines = read_lines(config.train_src)
+    tgt_lines = read_lines(config.train_tgt)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"{config.train_src} has {len(src_lines)} lines but {config.train_tgt} "
+            f"has {len(tgt_lines)}; the files must be aligned line by line."
+        )
+    if config.max_train_pairs:
+        src_lines = src_lines[: config.max_train_pairs]
+        tgt_lines = tgt_lines[: config.max_train_pairs]
+    if not any(s.strip() and t.strip() for s, t in zip(src_lines, tgt_lines)):
+        raise ValueError(
+            f"No sentence pairs in {config.train_src} / {config.train_tgt}: the "
+            "files are empty or every pair has a blank side."
+        )
+    src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
+    return src_lines, tgt_lines, src_tok, tgt_tok
 
 
 def _resumed_from(out):
@@ -373,29 +404,19 @@ def train(config, verbose=1):
             f"--output-dir {out} is a folder with other files and no training run in it "
             "(no config.json): train would write among them. Pass a new or empty folder."
         )
+    created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    _check_resumable(out, config, model_config)
-    resumed = _resumed_from(out)
-    # Written before the tokenizers are trained, so that a run cut short
-    # still records what its tokenizers were asked for.
-    _write_run_config(out, config, model_config)
-
-    src_lines = read_lines(config.train_src)
-    tgt_lines = read_lines(config.train_tgt)
-    if len(src_lines) != len(tgt_lines):
-        raise ValueError(
-            f"{config.train_src} has {len(src_lines)} lines but {config.train_tgt} "
-            f"has {len(tgt_lines)}; the files must be aligned line by line."
-        )
-    if config.max_train_pairs:
-        src_lines = src_lines[: config.max_train_pairs]
-        tgt_lines = tgt_lines[: config.max_train_pairs]
-    if not any(s.strip() and t.strip() for s, t in zip(src_lines, tgt_lines)):
-        raise ValueError(
-            f"No sentence pairs in {config.train_src} / {config.train_tgt}: the "
-            "files are empty or every pair has a blank side."
-        )
-    src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
+    try:
+        changed = _check_resumable(out, config, model_config)
+        resumed = _resumed_from(out)
+        # Written before the tokenizers are trained, so that a run cut short
+        # still records what its tokenizers were asked for.
+        _write_run_config(out, config, model_config)
+        src_lines, tgt_lines, src_tok, tgt_tok = _read_and_tokenize(out, config)
+    except BaseException:
+        if created:  # a start that fails leaves no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
     _write_run_config(out, config, model_config, src_tok, tgt_tok)
 
@@ -408,6 +429,11 @@ def train(config, verbose=1):
               + (", one shared vocabulary" if config.shared_vocab else ""))
         if resumed:
             print(f"Resuming {out} after epoch {resumed} (its checkpoints/ folder)")
+        if changed:
+            print(f"Settings changed since the run's config.json: {'; '.join(changed)}")
+        if config.subword_alpha is not None:
+            print(f"Subword regularization: each epoch samples the training pairs' segmentations "
+                  f"(alpha {config.subword_alpha:g}); validation keeps the fixed one")
         source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
               + ("" if source == "given" else f" ({source})"))

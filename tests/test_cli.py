@@ -70,6 +70,13 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     main(["translate", "--saved-model", saved, "A dog runs.", "The cat sleeps."])
     captured = capsys.readouterr()
     assert captured.out.strip().splitlines() == lines and "source limit" not in captured.err
+    assert "each translated as its own sentence" not in captured.err
+    # An unquoted sentence is three sentences, and the user is told how to quote it.
+    main(["translate", "--saved-model", saved, "A", "dog", "runs."])
+    captured = capsys.readouterr()
+    assert len(captured.out.strip().splitlines()) == 3
+    assert "3 arguments, each translated as its own sentence" in captured.err
+    assert "keras-transformer translate ... 'A dog runs.'" in captured.err
     # A source over the model's 24 positions is cut, and the user is told.
     long = " ".join(["A dog runs."] * 12)
     for source in (["--run", run, "--beam-size", "1"], ["--saved-model", saved]):
@@ -820,3 +827,45 @@ def test_a_wrong_path_is_reported_before_tensorflow_starts(argv, tmp_path):
     assert result.returncode == 1 and "argparse" in imported
     assert not [name for name in imported if name.split(".")[0] in ("tensorflow", "keras")]
     assert "error:" in result.stderr and ("no-such" in result.stderr or "no.en" in result.stderr)
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("misaligned", "has 50 lines but"),
+    ("blank", "No sentence pairs in"),
+    ("vocabulary", "vocab_size"),
+])
+def test_a_train_that_fails_on_its_data_leaves_no_run_folder(tmp_path, capsys, problem, message):
+    """These are found while reading the files or training the tokenizers,
+    after the folder was made: it used to stay behind with a config.json."""
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
+    src, tgt, flags = data / "train.en", data / "train.de", []
+    if problem == "misaligned":
+        tgt = tmp_path / "short.de"
+        tgt.write_text("\n".join((data / "train.de").read_text().splitlines()[:40]) + "\n")
+    elif problem == "blank":
+        src = tgt = tmp_path / "blank.txt"
+        src.write_text("\n \n\n")
+    else:
+        flags = ["--src-vocab-size", "5"]
+    run = tmp_path / "run"
+    err = _train_error(["--train-src", str(src), "--train-tgt", str(tgt), "--output-dir", str(run),
+                        "--preset", "tiny"] + flags, capsys)
+    assert message in err, err
+    assert not run.exists()
+
+
+def test_resuming_with_changed_settings_says_which(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=5)
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--output-dir", str(tmp_path / "run"), "--preset", "tiny", "--num-layers", "1",
+            "--sequence-length", "24", "--src-vocab-size", "100", "--tgt-vocab-size", "100",
+            "--tokens-per-batch", "1024", "--warmup-steps", "10"]
+    main(args + ["--epochs", "1", "--subword-alpha", "0.3"])
+    out = capsys.readouterr().out
+    assert "Settings changed" not in out and "Subword regularization: each epoch samples" in out
+    main(args + ["--epochs", "2"])
+    out = capsys.readouterr().out
+    assert "Settings changed since the run's config.json: epochs 1 -> 2; subword_alpha 0.3 -> None" in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["subword_alpha"] is None
