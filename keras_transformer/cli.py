@@ -94,7 +94,7 @@ def _add_training_args(parser):
     parser.add_argument("--subword-alpha", type=float, metavar="ALPHA",
                         help="subword regularization (Kudo, 2018): sample a new segmentation of every "
                              "training pair each epoch, with this smoothing parameter in (0, 1]; "
-                             "smaller is more varied (default: off, one fixed segmentation)")
+                             "with a unigram vocabulary smaller is more varied (default: off, one fixed segmentation)")
     for name, help_text in (
         ("attention-dropout-rate", "dropout on the attention weights (default: --dropout-rate)"),
         ("activation-dropout-rate", "dropout on the feed-forward activation (default: 0)"),

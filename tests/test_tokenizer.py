@@ -387,7 +387,7 @@ def test_tokenizer_survives_set_random_seed():
 
 
 def _segmentation_distribution(tokenizer, text, alpha):
-    """Kudo (2018), eq. 7: every segmentation x of `text` with probability
+    """Kudo (2018), Section 3.3: every segmentation x of `text` with probability
     P(x)**alpha / Z, P(x) the product of its pieces' unigram probabilities
     (the model's scores are their logs); all of them, from SentencePiece's
     n-best list."""
@@ -439,3 +439,17 @@ def test_sample_detokenizes_to_the_same_text_and_varies(tokenizer, lower_tokeniz
 def test_sample_refuses_an_alpha_outside_0_1(tokenizer, alpha):
     with pytest.raises(ValueError, match=r"`alpha` must be a number in \(0, 1\]"):
         tokenizer.sample(["Der Hund."], alpha)
+
+
+def test_sample_on_a_bpe_model_is_bpe_dropout(corpus):
+    """With BPE, SentencePiece reads `alpha` as the dropout probability of
+    merges (Provilkov et al., 2020): larger gives more, shorter pieces."""
+    bpe = train_subword_tokenizer(corpus, vocab_size=300, model_type="bpe")
+    sentences = corpus[:100]
+    fixed = bpe.tokenize(sentences)
+    lengths = {}
+    for alpha in (0.1, 0.5):
+        ids = bpe.sample(sentences, alpha)
+        assert bpe.detokenize(ids).numpy().tolist() == bpe.detokenize(fixed).numpy().tolist()
+        lengths[alpha] = int(ids.flat_values.shape[0])
+    assert lengths[0.5] > lengths[0.1] > int(fixed.flat_values.shape[0])

@@ -66,8 +66,8 @@ def check_alpha(alpha, name="alpha"):
     """
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha <= 1:
         raise ValueError(
-            f"`{name}` must be a number in (0, 1] (Kudo, 2018, used 0.1 to 0.5; smaller "
-            f"samples more varied segmentations). Received: {name}={alpha!r}."
+            f"`{name}` must be a number in (0, 1] (Kudo, 2018, used 0.1 to 0.5; with a unigram "
+            f"model smaller samples more varied segmentations). Received: {name}={alpha!r}."
         )
 
 
@@ -261,15 +261,16 @@ class SubwordTokenizer(tf.Module):
     def sample(self, inputs, alpha):
         """Encodes strings into randomly sampled segmentations.
 
-        Subword regularization (Kudo, 2018, Section 3.2): each call draws
+        Subword regularization (Kudo, 2018, Sections 2.1 and 3.3): each call draws
         one segmentation of each string from the unigram language model's
         lattice over all segmentations (`nbest_size=-1`), with
         probabilities `P(x)**alpha` renormalized (`alpha` is an inverse
         temperature: smaller is more random). With a BPE model,
         SentencePiece applies BPE-dropout with probability `alpha` instead
-        (Provilkov et al., 2020). Every sample detokenizes to the same text
-        as `tokenize`'s ids. The draws use SentencePiece's own random
-        generator, not TensorFlow's seed, so they are not reproducible.
+        (Provilkov et al., 2020): larger is more varied there. Every sample
+        detokenizes to the same text as `tokenize`'s ids. The draws use
+        SentencePiece's own random generator, not TensorFlow's seed, so they
+        are not reproducible.
         Meant for training data only: translate with `tokenize`.
 
         Args:
