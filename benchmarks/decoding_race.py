@@ -26,6 +26,11 @@ strings out (SentencePiece included), beam 4 with the GNMT length penalty
   `saved_model_now_1thread` the same with one TensorFlow thread for ops and
   one inside them (TF Serving's `--tensorflow_inter_op_parallelism=1
   --tensorflow_intra_op_parallelism=1`): less thread hand-off per small op;
+  `saved_model_now_2searches_2x1` exported with `--parallel-searches 2`
+  (two search loops of half a batch each), run with two inter-op threads
+  and one intra-op thread; `saved_model_now_hybrid_2searches_2x1` the same
+  with XLA up to `--xla-max-batch-size`, and `..._xla_old_runtime` that with
+  `XLA_FLAGS=--xla_cpu_use_thunk_runtime=false` (XLA's older CPU runtime);
 - `translator`: the in-process `Translator` rebuilt on the first SavedModel's
   weights (`loading.translator_from_saved_model`), through `Translator.serve`;
 - `ct2_float32`, `ct2_int8`: the first SavedModel converted with
@@ -66,9 +71,10 @@ def _load(kind, path):
         import tensorflow as tf
         import tensorflow_text  # noqa: F401
 
-        if kind.endswith("@1x1"):  # TF Serving: --tensorflow_{inter,intra}_op_parallelism=1
-            tf.config.threading.set_inter_op_parallelism_threads(1)
-            tf.config.threading.set_intra_op_parallelism_threads(1)
+        if "@" in kind:  # "@INTERxINTRA": TF Serving's --tensorflow_{inter,intra}_op_parallelism
+            inter, intra = (int(n) for n in kind.split("@")[1].split("x"))
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
 
         serve = tf.saved_model.load(path).signatures["serving_default"]
         return lambda lines: [t.decode("utf-8") for t in serve(text=tf.constant(lines))["translation"].numpy()]
@@ -118,8 +124,9 @@ def worker(kind, path, sentences_file, batch1):
 # ---------------------------------------------------------------- race side
 
 class Contender:
-    def __init__(self, name, kind, path, sentences_file, batch1):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    def __init__(self, name, kind, path, sentences_file, batch1, env=None):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   **(env or {}))
         self.name = name
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--worker", kind, path, sentences_file, str(batch1)],
@@ -217,12 +224,27 @@ def main():
                                          xla_max_batch_size=args.xla_max_batch_size)
     plan.append(("saved_model_now_hybrid", "saved_model",
                  export_translator(hybrid, os.path.join(work, "saved_model_now_hybrid"))))
+    # Two searches of half a batch each, on two inter-op threads of one
+    # intra-op thread (TF Serving: --tensorflow_inter_op_parallelism=2
+    # --tensorflow_intra_op_parallelism=1); then the same beside XLA for
+    # small batches, and with XLA's older CPU runtime (XLA_FLAGS).
+    parallel = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                           parallel_searches=2)
+    plan.append(("saved_model_now_2searches_2x1", "saved_model@2x1",
+                 export_translator(parallel, os.path.join(work, "saved_model_now_2searches"))))
+    hybrid2 = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                          jit_compile=True, xla_max_batch_size=args.xla_max_batch_size,
+                                          parallel_searches=2)
+    hybrid2 = export_translator(hybrid2, os.path.join(work, "saved_model_now_hybrid_2searches"))
+    plan.append(("saved_model_now_hybrid_2searches_2x1", "saved_model@2x1", hybrid2))
+    plan.append(("saved_model_now_hybrid_2searches_2x1_xla_old_runtime", "saved_model@2x1", hybrid2,
+                 {"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=false"}))
     plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
              ("ct2_int8", "ct2_int8", ct2_int8)]
     contenders = []
-    for name, kind, path in plan:
+    for name, kind, path, *env in plan:
         print(f"starting {name} ...", file=sys.stderr, flush=True)
-        contenders.append(Contender(name, kind, path, sentences_file, args.batch1_sentences))
+        contenders.append(Contender(name, kind, path, sentences_file, args.batch1_sentences, *env))
     times = {(c.name, b): [] for c in contenders for b in (32, 1)}
     for round_ in range(args.rounds):
         for contender in contenders:

@@ -21,6 +21,31 @@ TENSORFLOW_TEXT_OPS = (
 METADATA_FILE = "keras_transformer.json"
 
 
+def serving_flags(translator):
+    """The TF Serving flags that an export of `translator` needs or runs
+    fastest with (written into its `keras_transformer.json`).
+
+    XLA-compiled searches need `--xla_cpu_compilation_enabled=true`;
+    `parallel_searches` p > 1 wants p inter-op threads of one intra-op
+    thread each, so that each search loop keeps one core.
+
+    Returns:
+        list of `str`.
+
+    >>> class Settings:
+    ...     jit_compile, parallel_searches = False, 2
+    >>> serving_flags(Settings())
+    ['--tensorflow_inter_op_parallelism=2', '--tensorflow_intra_op_parallelism=1']
+    """
+    flags = []
+    if translator.jit_compile:
+        flags.append("--xla_cpu_compilation_enabled=true")
+    if translator.parallel_searches > 1:
+        flags += [f"--tensorflow_inter_op_parallelism={translator.parallel_searches}",
+                  "--tensorflow_intra_op_parallelism=1"]
+    return flags
+
+
 def saved_model_op_types(path):
     """Every op type in a SavedModel's graphs and function library.
 
@@ -157,6 +182,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             allow_unk=translator.allow_unk,
             jit_compile=translator.jit_compile,
             xla_max_batch_size=translator.xla_max_batch_size,
+            parallel_searches=translator.parallel_searches,
         )
     if weights_dtype == "int8":
         if translator.jit_compile:
@@ -229,7 +255,9 @@ def export_translator(translator, path, weights_dtype="float32"):
             "allow_unk": translator.allow_unk,
             "jit_compile": translator.jit_compile,
             "xla_max_batch_size": translator.xla_max_batch_size,
+            "parallel_searches": translator.parallel_searches,
         },
+        "tf_serving_flags": serving_flags(translator),
         "weights_dtype": weights_dtype,
         "lowercase": translator.src_tokenizer.lowercase,
         "model": _model_settings(translator),

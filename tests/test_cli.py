@@ -89,10 +89,13 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["export", "--run", run, "--output", saved, "--beam-size", "2"])
     assert info.value.code == 1 and "--overwrite" in capsys.readouterr().err
-    main(["export", "--run", run, "--output", saved, "--beam-size", "2", "--overwrite"])
-    capsys.readouterr()
+    main(["export", "--run", run, "--output", saved, "--beam-size", "2", "--overwrite", "--parallel-searches", "2"])
+    flags = "--tensorflow_inter_op_parallelism=2 --tensorflow_intra_op_parallelism=1"
+    assert f"Serve it with the TF Serving flags {flags}" in capsys.readouterr().out
     with open(os.path.join(saved, "keras_transformer.json")) as f:
-        assert json.load(f)["decoding"]["beam_size"] == 2
+        metadata = json.load(f)
+    assert metadata["decoding"]["beam_size"] == 2 and metadata["decoding"]["parallel_searches"] == 2
+    assert metadata["tf_serving_flags"] == flags.split()
     assert sorted(os.listdir(tmp_path)) == ["attention.png", "data", "run", "saved"]
 
 
@@ -325,7 +328,8 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
-                                   ["--jit-compile"], ["--xla-max-batch-size", "2"], ["--checkpoint", "last"]])
+                                   ["--jit-compile"], ["--xla-max-batch-size", "2"], ["--parallel-searches", "2"],
+                                   ["--checkpoint", "last"]])
 def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, extra):
     """A SavedModel decodes as it was exported: `--beam-size 1` with
     `--saved-model` used to be accepted and ignored (a beam-4 answer to a

@@ -385,8 +385,10 @@ def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path)
         np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5, atol=1e-5)
     path = export_translator(hybrid, str(tmp_path / "hybrid"))
     with open(os.path.join(path, "keras_transformer.json")) as f:
-        decoding = json.load(f)["decoding"]
+        metadata = json.load(f)
+    decoding = metadata["decoding"]
     assert decoding["jit_compile"] is True and decoding["xla_max_batch_size"] == 2
+    assert metadata["tf_serving_flags"] == ["--xla_cpu_compilation_enabled=true"]
     serve = tf.saved_model.load(path).signatures["serving_default"]
     for batch in (INPUTS[:1], INPUTS):
         got = serve(text=tf.constant(batch))["translation"].numpy().tolist()
@@ -401,6 +403,78 @@ def test_bad_xla_max_batch_size_is_refused(exported, settings, message):
     plain = exported[0]["beam"]
     with pytest.raises(ValueError, match=message):
         Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3, **settings)
+
+
+MORE_INPUTS = INPUTS + ["A man rides a red bike.", "Children play.", "The women walk home.", "A cat."]
+
+
+def test_parallel_searches_decode_interleaved_parts_and_stitch_them_back(exported):
+    """`_in_parallel` hands each search every p-th sentence and puts the
+    outputs back in the batch's order; a batch smaller than p is one search."""
+    plain = exported[0]["beam"]
+    translator = Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
+                            parallel_searches=3)
+    seen = []
+
+    def search(source_ids, n_best):  # a sentence's "output" is its first id, repeated
+        seen.append(source_ids[:, 0].numpy().tolist())
+        tokens = tf.tile(source_ids[:, None, :1], [1, n_best, 5])
+        return tokens, tf.cast(source_ids[:, :n_best], tf.float32)
+
+    ids = tf.constant(np.arange(7 * 4).reshape(7, 4), tf.int32)
+    tokens, scores = translator._in_parallel(search, ids, 2)
+    assert seen == [[0, 12, 24], [4, 16], [8, 20]]
+    np.testing.assert_array_equal(tokens.numpy(), np.tile(ids.numpy()[:, None, :1], [1, 2, 5]))
+    np.testing.assert_array_equal(scores.numpy(), ids.numpy()[:, :2])
+    seen.clear()
+    translator._in_parallel(search, ids[:2], 1)
+    assert seen == [[0, 4]]
+
+
+@pytest.mark.parametrize("name", ["beam", "greedy"])
+def test_parallel_searches_give_the_same_translations(exported, name, tmp_path):
+    """parallel_searches=2 and 3: the tokens and scores of the one search,
+    for batches larger and smaller than the number of parts, n-best lists
+    included, in the Translator and in its export (whose metadata says so)."""
+    plain = exported[0][name]
+    ids = plain.encode_source(tf.constant(MORE_INPUTS))
+    n_best = plain.beam_size
+    for parts in (2, 3):
+        split = Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer,
+                           beam_size=plain.beam_size, parallel_searches=parts)
+        for rows in (ids, ids[:2], ids[:1]):
+            tokens, scores = split.translate_ids(rows, n_best=n_best)
+            want_tokens, want_scores = plain.translate_ids(rows, n_best=n_best)
+            np.testing.assert_array_equal(tokens.numpy(), want_tokens.numpy())
+            np.testing.assert_allclose(scores.numpy(), want_scores.numpy(), rtol=1e-5, atol=1e-5)
+    path = export_translator(split, str(tmp_path / "parallel"))
+    with open(os.path.join(path, "keras_transformer.json")) as f:
+        assert json.load(f)["decoding"]["parallel_searches"] == 3
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    got = serve(text=tf.constant(MORE_INPUTS))["translation"].numpy().tolist()
+    assert got == plain(MORE_INPUTS).numpy().tolist()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(parallel_searches=0), "whole number of search loops >= 1; got 0"),
+    (dict(parallel_searches=1.5), "whole number of search loops >= 1; got 1.5"),
+    (dict(parallel_searches="2"), "whole number of search loops >= 1; got '2'"),
+    (dict(parallel_searches=2, jit_compile=True), "pass xla_max_batch_size too"),
+])
+def test_bad_parallel_searches_is_refused(exported, settings, message):
+    plain = exported[0]["beam"]
+    with pytest.raises(ValueError, match=message):
+        Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3, **settings)
+
+
+def test_parallel_searches_beside_xla_for_small_batches(exported):
+    """jit_compile with xla_max_batch_size=2 and parallel_searches=2: small
+    batches take XLA, larger ones two graph searches; same translations."""
+    plain = exported[0]["beam"]
+    hybrid = Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
+                        jit_compile=True, xla_max_batch_size=2, parallel_searches=2)
+    for batch in (MORE_INPUTS[:1], MORE_INPUTS):
+        assert hybrid(batch).numpy().tolist() == plain(batch).numpy().tolist()
 
 
 SAVED_MODEL_CLI = (
