@@ -281,19 +281,21 @@ class Translator(tf.Module):
         )
 
     def _in_parallel(self, search, source_ids, n_best):
-        """`search(source_ids, n_best)`, as `parallel_searches` searches of
-        interleaved rows (sentences 0, p, 2p, ...; 1, p + 1, ...) when the
-        batch has at least p sentences. Interleaved, the parts of a batch
-        sorted by length (`translate_lines`) are about equally long."""
+        """`search(source_ids, n_best)`, as `parallel_searches` = p searches
+        when the batch has at least p sentences: the sentences ordered by
+        source length (stable), search i takes the i-th, (i + p)-th, ...,
+        so that the parts are about equally long and end at about the same
+        step; the outputs are put back in the batch's order."""
         parts = self.parallel_searches
         if parts == 1:
             return search(source_ids, n_best)
         batch = tf.shape(source_ids)[0]
 
         def split():
-            rows = tf.range(batch)
-            index = [rows[i::parts] for i in range(parts)]
-            outputs = [search(tf.gather(source_ids, rows_i), n_best) for rows_i in index]
+            lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, self.src_tokenizer.pad_id), tf.int32), axis=1)
+            order = tf.argsort(lengths, stable=True)
+            index = [order[i::parts] for i in range(parts)]
+            outputs = [search(tf.gather(source_ids, rows), n_best) for rows in index]
             return tuple(tf.dynamic_stitch(index, [output[j] for output in outputs]) for j in range(2))
 
         return tf.cond(batch >= parts, split, lambda: search(source_ids, n_best))

@@ -40,6 +40,41 @@ def test_cached_step_logits_equal_uncached_full_pass(parts):
         np.testing.assert_allclose(to_numpy(logits), full[:, t], atol=1e-5)
 
 
+def test_beams_share_their_sources_cross_attention_caches(parts):
+    """A step of 3 hypotheses per source against the sources' own cross
+    caches (`beams_per_source=3`) equals the step against caches copied for
+    every hypothesis, attention weights included; and beam search hands
+    `decode_step` one cross cache row per source, not per hypothesis."""
+    beams = 3
+    encoder_outputs, mask = parts.encode(SOURCES)
+    cross = parts.cross_caches(encoder_outputs)
+    copied = [tuple(ops.repeat(c, beams, axis=0) for c in pair) for pair in cross]
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(4, 25, 2 * beams).astype("int32") for _ in range(3)]
+    shared_caches = copied_caches = parts.empty_self_caches(2 * beams, parts.target_sequence_length, "float32")
+    for t, step_tokens in enumerate(tokens):
+        logits, shared_caches, weights = parts.decode_step(
+            step_tokens, t, shared_caches, cross, mask, return_attention_scores=True, beams_per_source=beams)
+        want, copied_caches, want_weights = parts.decode_step(
+            step_tokens, t, copied_caches, copied, ops.repeat(mask, beams, axis=0), return_attention_scores=True)
+        np.testing.assert_allclose(to_numpy(logits), to_numpy(want), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(weights), to_numpy(want_weights), rtol=1e-6, atol=1e-6)
+
+    seen = []
+
+    class Recording(TransformerParts):
+        def decode_step(self, token_ids, index, self_caches, cross_caches, mask, **settings):
+            seen.append((int(ops.shape(token_ids)[0]), int(ops.shape(cross_caches[0][0])[0]),
+                         int(ops.shape(mask)[0]), settings.get("beams_per_source")))
+            return super().decode_step(token_ids, index, self_caches, cross_caches, mask, **settings)
+
+    recording = Recording(parts.model)
+    want_tokens, _ = beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=beams)
+    got_tokens, _ = beam_search(recording, SOURCES, start_id=START, end_id=END, beam_size=beams)
+    np.testing.assert_array_equal(to_numpy(got_tokens), to_numpy(want_tokens))
+    assert seen and seen[0] == (2 * beams, 2, 2, beams)
+
+
 def test_greedy_equals_uncached_argmax_decoding(parts):
     tokens, _ = greedy_search(parts, SOURCES, start_id=START, end_id=END)
     tokens = to_numpy(tokens)
@@ -110,7 +145,7 @@ class ScriptedParts:
     def decoding_weights(self):
         return None
 
-    def decode_step(self, token_ids, index, caches, cross, mask, weights=None):
+    def decode_step(self, token_ids, index, caches, cross, mask, weights=None, beams_per_source=1):
         row = ops.take(ops.convert_to_tensor(self.table), index, axis=0)
         logits = ops.tile(ops.expand_dims(row, 0), (ops.shape(token_ids)[0], 1))
         return logits, caches
@@ -153,7 +188,7 @@ class MarkovParts(ScriptedParts):
         self.target_sequence_length, self.vocab_size = self.table.shape[:2]
         self.steps = 0
 
-    def decode_step(self, token_ids, index, caches, cross, mask, weights=None):
+    def decode_step(self, token_ids, index, caches, cross, mask, weights=None, beams_per_source=1):
         self.steps += 1
         rows = ops.take(ops.convert_to_tensor(self.table), index, axis=0)
         return ops.take(rows, token_ids, axis=0), caches

@@ -409,8 +409,9 @@ MORE_INPUTS = INPUTS + ["A man rides a red bike.", "Children play.", "The women 
 
 
 def test_parallel_searches_decode_interleaved_parts_and_stitch_them_back(exported):
-    """`_in_parallel` hands each search every p-th sentence and puts the
-    outputs back in the batch's order; a batch smaller than p is one search."""
+    """`_in_parallel` orders the sentences by source length and hands each
+    search every p-th of them, then puts the outputs back in the batch's
+    order; a batch smaller than p is one search."""
     plain = exported[0]["beam"]
     translator = Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
                             parallel_searches=3)
@@ -421,14 +422,20 @@ def test_parallel_searches_decode_interleaved_parts_and_stitch_them_back(exporte
         tokens = tf.tile(source_ids[:, None, :1], [1, n_best, 5])
         return tokens, tf.cast(source_ids[:, :n_best], tf.float32)
 
-    ids = tf.constant(np.arange(7 * 4).reshape(7, 4), tf.int32)
+    # Row r starts with id r + 1 and holds lengths[r] ids, then padding (0).
+    lengths = [3, 1, 4, 2, 3, 1, 2]
+    ids = np.zeros((7, 4), np.int32)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = row + 1
+    ids = tf.constant(ids)
     tokens, scores = translator._in_parallel(search, ids, 2)
-    assert seen == [[0, 12, 24], [4, 16], [8, 20]]
+    # By length (stable): rows 1, 5, 3, 6, 0, 4, 2; every third of them per search.
+    assert seen == [[2, 7, 3], [6, 1], [4, 5]]
     np.testing.assert_array_equal(tokens.numpy(), np.tile(ids.numpy()[:, None, :1], [1, 2, 5]))
     np.testing.assert_array_equal(scores.numpy(), ids.numpy()[:, :2])
     seen.clear()
     translator._in_parallel(search, ids[:2], 1)
-    assert seen == [[0, 4]]
+    assert seen == [[1, 2]]
 
 
 @pytest.mark.parametrize("name", ["beam", "greedy"])

@@ -69,7 +69,7 @@ class TransformerParts:
         return self.model.decoding_weights()
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_outputs_mask,
-                    return_attention_scores=False, weights=None):
+                    return_attention_scores=False, weights=None, beams_per_source=1):
         """One decoder position with the cache
         (`Transformer.call_decoder_with_cache`).
 
@@ -79,8 +79,11 @@ class TransformerParts:
             index: scalar int, their position.
             self_caches: list of `(key, value)` from `empty_self_caches`.
             cross_caches: list of `(key, value)` from `cross_caches`.
-            encoder_outputs_mask: bool `(batch, S)`.
+            encoder_outputs_mask: bool `(sources, S)`.
             weights: `decoding_weights()`; computed here if omitted.
+            beams_per_source: int, rows of `token_ids` per source (row of
+                `cross_caches` and `encoder_outputs_mask`): `batch =
+                sources * beams_per_source`.
 
         Returns:
             `(logits (batch, vocab) float32, new self_caches)`, plus the last
@@ -89,7 +92,7 @@ class TransformerParts:
         return self.model.call_decoder_with_cache(
             token_ids, self_caches, index, cross_caches, encoder_outputs_mask,
             return_attention_scores=return_attention_scores, decoding_weights=weights,
-            growing_cache=self.growing_cache,
+            growing_cache=self.growing_cache, beams_per_source=beams_per_source,
         )
 
     def decode_uncached(self, source_ids, target_ids):

@@ -93,11 +93,9 @@ def dynamic_decode(
     encoder_outputs, encoder_outputs_mask = parts.encode(source_ids)
     batch = ops.shape(source_ids)[0]
     limits = decode_limits(encoder_outputs_mask, length, length_ratio, length_offset)
-    cross = parts.cross_caches(encoder_outputs)
-    if k > 1:  # row b*k + j is beam j of sentence b
-        cross = [(ops.repeat(key, k, axis=0), ops.repeat(value, k, axis=0)) for key, value in cross]
-        encoder_outputs_mask = ops.repeat(encoder_outputs_mask, k, axis=0)
-    cross = flatten_caches(cross)
+    # Row b*k + j of the decoder batch is beam j of sentence b; the beams of
+    # a sentence share its cross-attention caches and source mask.
+    cross = flatten_caches(parts.cross_caches(encoder_outputs))
     caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
     weights = parts.decoding_weights()  # once, outside the loop
     attention_shape = (parts.num_heads, ops.shape(source_ids)[1]) if return_attention_scores else None
@@ -111,7 +109,7 @@ def dynamic_decode(
         attention_setting = {"return_attention_scores": True} if return_attention_scores else {}
         outputs = parts.decode_step(
             last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_outputs_mask,
-            weights=weights, **attention_setting,
+            weights=weights, beams_per_source=k, **attention_setting,
         )
         log_probs = ops.reshape(ops.log_softmax(outputs[0], axis=-1), (-1, k, vocab))
         attention = outputs[2] if return_attention_scores else None
@@ -189,8 +187,8 @@ def dynamic_decode(
                 *[tf.gather(value, keep) for value in state],
                 *new_out,
                 *[tf.gather(cache, cache_rows) for cache in new_caches],
-                *[tf.gather(c, kept_rows) for c in cross],
-                tf.gather(encoder_outputs_mask, kept_rows),
+                *[tf.gather(c, keep) for c in cross],
+                tf.gather(encoder_outputs_mask, keep),
                 tf.gather(limits, keep),
             )
 

@@ -107,11 +107,13 @@ def single_query_attention(query, key, value, mask=None, keep=None):
     carry the `1 / sqrt(d_k)` factor (see `MultiHeadAttention.input_projection`).
 
     Args:
-        query: `(batch, num_heads, 1, key_dim)`, scaled.
+        query: `(batch, num_heads, 1, key_dim)`, scaled; or `(batch,
+            num_heads, beams, key_dim)`: several queries against the same
+            keys (the beams of one source in cross-attention).
         key: `(batch, num_heads, key_dim, key_length)` (keys transposed).
         value: `(batch, num_heads, key_length, value_dim)`.
         mask: optional bool, broadcastable to `(batch, num_heads, 1,
-            key_length)`, True where attention is allowed; blocked scores
+            key_length)` (`beams` for 1), True where attention is allowed; blocked scores
             become -1e9 before the softmax.
         keep: optional bool `(batch, 1, 1, 1)`, False for rows whose keys are
             all blocked: their weights become exactly zero, as in
@@ -119,7 +121,8 @@ def single_query_attention(query, key, value, mask=None, keep=None):
 
     Returns:
         `(output (batch, num_heads, 1, value_dim), weights (batch,
-        num_heads, 1, key_length) float32)`.
+        num_heads, 1, key_length) float32)` (`beams` for 1 with that many
+        queries).
 
     References:
         Vaswani et al. (2017), section 3.2.1, equation (1).

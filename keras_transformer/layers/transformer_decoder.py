@@ -154,6 +154,11 @@ class TransformerDecoder(TransformerBlock):
         cache_masks: optional `cached_step_masks(...)` of this step, shared by
             the layers of a step; built from the index and
             `encoder_outputs_mask` if omitted.
+        beams_per_source: int (default 1), cached calls: rows of `inputs`
+            per row of `cross_attention_cache` and `encoder_outputs_mask`.
+            Beam search passes its beam size: row `b * beams_per_source +
+            j` is hypothesis j of source b, and the beams of a source read
+            its one cross-attention cache (no copy per hypothesis).
 
     Returns:
         float tensor `(batch, target_length, d_model)`; cached: the tuple
@@ -260,12 +265,13 @@ class TransformerDecoder(TransformerBlock):
         cross_attention_cache=None,
         decoding_weights=None,
         cache_masks=None,
+        beams_per_source=1,
     ):
         if self_attention_cache is not None:
             return self._call_with_cache(
                 inputs, encoder_outputs, encoder_outputs_mask, self_attention_cache,
                 self_attention_cache_update_index, cross_attention_cache,
-                return_attention_scores, decoding_weights, cache_masks,
+                return_attention_scores, decoding_weights, cache_masks, int(beams_per_source),
             )
         if encoder_outputs is None:
             raise ValueError(
@@ -396,7 +402,7 @@ class TransformerDecoder(TransformerBlock):
         return (outputs[0], *outputs[1], *outputs[2:])
 
     def _call_with_cache(self, inputs, encoder_outputs, encoder_outputs_mask, self_cache, index,
-                         cross_cache, return_attention_scores, weights, masks):
+                         cross_cache, return_attention_scores, weights, masks, beams=1):
         """One new target position against the caches (see the class
         docstring); no dropout."""
         if index is None:
@@ -449,10 +455,22 @@ class TransformerDecoder(TransformerBlock):
 
         def cross_attend(x):
             query = self.cross_attention.step_projection(x, weights["cross"], include_key_value=False)
+            if beams == 1:
+                attended, attention = single_query_attention(
+                    ops.reshape(query, (-1, heads, 1, key_dim)), cross_key, cross_value,
+                    masks["cross"], masks["keep"],
+                )
+                return self.cross_attention.step_output(attended, weights["cross"]), attention
+            # The beams of a source as its queries: (sources, heads, beams,
+            # key_dim) against the source's keys, then back to a row each.
+            query = ops.transpose(ops.reshape(query, (-1, beams, heads, key_dim)), (0, 2, 1, 3))
             attended, attention = single_query_attention(
-                ops.reshape(query, (-1, heads, 1, key_dim)), cross_key, cross_value,
-                masks["cross"], masks["keep"],
+                query, cross_key, cross_value, masks["cross"], masks["keep"]
             )
+            attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, heads, 1, key_dim))
+            if return_attention_scores:
+                attention = ops.transpose(attention, (0, 2, 1, 3))
+                attention = ops.reshape(attention, (-1, heads, 1, ops.shape(attention)[-1]))
             return self.cross_attention.step_output(attended, weights["cross"]), attention
 
         def norm(name, layer):

@@ -338,6 +338,7 @@ class Transformer(keras.Model):
         return_attention_scores=False,
         decoding_weights=None,
         growing_cache=False,
+        beams_per_source=1,
     ):
         """The decoder stack on one target position, with the caches.
 
@@ -358,6 +359,10 @@ class Transformer(keras.Model):
             growing_cache: bool, the caches hold positions `0..index - 1`
                 only and grow by one a call (the TensorFlow decoding fast
                 path, `keras_transformer.decoding.growing_cache`).
+            beams_per_source: int (default 1), rows of `token_ids` per row
+                of the cross-attention caches and `encoder_outputs_mask`
+                (beam search: the beam size; hypothesis j of source b is
+                row `b * beams_per_source + j`).
 
         Returns:
             `(logits (batch, tgt_vocab_size) float32, self_attention_caches)`
@@ -383,6 +388,7 @@ class Transformer(keras.Model):
                 return_attention_scores=return_attention_scores,
                 decoding_weights=layer_weights,
                 cache_masks=masks,
+                beams_per_source=beams_per_source,
             )
             x = outputs[0]
             if return_attention_scores:
