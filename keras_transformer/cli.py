@@ -163,8 +163,10 @@ def _decoding_args(parser, batches=True):
                         help="with --jit-compile: batches of at most this many sentences take the XLA search, "
                              "larger ones the plain graph (faster there); --run only")
     parser.add_argument("--parallel-searches", type=_positive_int,
-                        help="split a batch into this many parts decoded at the same time (default: 1; "
-                             "2 on 2 cores, run with 2 inter-op threads and 1 intra-op thread); --run only")
+                        help="split each batch into this many parts, decoded at the same time on one core "
+                             "each (default: 1; at most the cores a request may use). translate and "
+                             "evaluate then run TensorFlow with that many inter-op threads of one intra-op "
+                             "thread; an export asks TF Serving for the same; --run only")
     parser.add_argument("--checkpoint", choices=["best", "last", "averaged"],
                         help="which weights of the run (default: best); --run only")
 
@@ -200,10 +202,54 @@ def _translator_object(args):
         _check_saved_model_args(args)
         check_saved_model_folder(args.saved_model)  # before TensorFlow starts
         _import_backend_quietly()
+        _set_search_threads(_exported_parallel_searches(args.saved_model))
         from keras_transformer.loading import SavedModelTranslator
 
         return SavedModelTranslator(args.saved_model)
-    return _translator(args)
+    return _translator(args, set_threads=True)
+
+
+def _exported_parallel_searches(path):
+    """The `parallel_searches` a SavedModel was exported with (1 if none)."""
+    try:
+        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as f:
+            return int(json.load(f)["decoding"].get("parallel_searches") or 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+
+
+def _set_search_threads(parallel_searches):
+    """Give each of `parallel_searches` search loops a core of its own: that
+    many TensorFlow inter-op threads of one intra-op thread each (what an
+    export's `tf_serving_flags` ask TF Serving for). Only before TensorFlow
+    runs its first op; a no-op after (a second `main` in one process)."""
+    if parallel_searches > 1:
+        import tensorflow as tf
+
+        try:
+            tf.config.threading.set_inter_op_parallelism_threads(parallel_searches)
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+        except RuntimeError:
+            pass
+
+
+def _check_search_flags(args):
+    """The XLA and parallel-search flags that only make sense together,
+    refused with their flag names before a model is loaded."""
+    jit, xla_max, parts = (getattr(args, name, None) for name in ("jit_compile", "xla_max_batch_size",
+                                                                   "parallel_searches"))
+    if xla_max is not None and not jit:
+        raise ValueError("--xla-max-batch-size chooses which batches take the XLA search: pass --jit-compile "
+                         "too, or drop it.")
+    if parts is not None and parts > 1 and jit and xla_max is None:
+        raise ValueError("--parallel-searches splits the batches of the plain graph search, and with "
+                         "--jit-compile alone every batch takes XLA: add --xla-max-batch-size N (XLA up to "
+                         "N sentences, parallel searches above), or drop one of them.")
+    cores = os.cpu_count() or 1
+    if parts is not None and parts > cores:
+        print(f"keras-transformer: --parallel-searches {parts} is more search loops than this machine's "
+              f"{cores} cores; each loop runs on a core of its own, so more than the serving machine's "
+              "cores only adds work.", file=sys.stderr)
 
 
 class _Serve:
@@ -240,7 +286,9 @@ def _report_truncated(serve, total):
               "were translated. Split long sentences to translate them whole.", file=sys.stderr)
 
 
-def _translator(args):
+def _translator(args, set_threads=False):
+    """The `Translator` of `--run` with the decoding flags; with
+    `set_threads`, TensorFlow's threads set for `--parallel-searches`."""
     from keras_transformer.config import check_run_folder
 
     settings = {name: default if getattr(args, name, None) is None else getattr(args, name)
@@ -258,8 +306,11 @@ def _translator(args):
             f"--length-penalty has no effect with {given} (greedy decoding ranks "
             "nothing); drop one of them."
         )
+    _check_search_flags(args)
     check_run_folder(args.run)  # before TensorFlow starts
     _import_backend_quietly()
+    if set_threads:
+        _set_search_threads(settings["parallel_searches"])
     from keras_transformer.training import load_run
     from keras_transformer.translator import Translator
 

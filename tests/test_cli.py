@@ -3,6 +3,8 @@ translate, export (tensorflow backend)."""
 
 import json
 import os
+import subprocess
+import sys
 
 import keras
 import pytest
@@ -873,3 +875,52 @@ def test_resuming_with_changed_settings_says_which(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Settings changed since the run's config.json: epochs 1 -> 2; subword_alpha 0.3 -> None" in out
     assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["subword_alpha"] is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--parallel-searches", "2", "--jit-compile"],
+     "--parallel-searches splits the batches of the plain graph search, and with --jit-compile alone"),
+    (["--xla-max-batch-size", "4"], "--xla-max-batch-size chooses which batches take the XLA search: pass --jit-compile"),
+])
+def test_search_flags_that_need_each_other_are_refused_by_flag_name_before_loading(tmp_path, capsys, extra,
+                                                                                   message):
+    """The run folder does not exist: the flag error comes first, named as
+    flags (it used to come after the model load, in Python names)."""
+    for command in (["translate", "--run", str(tmp_path / "no-run"), "A dog."],
+                    ["export", "--run", str(tmp_path / "no-run"), "--output", str(tmp_path / "out")]):
+        with pytest.raises(SystemExit) as info:
+            main(command + extra)
+        assert info.value.code == 1
+        err = capsys.readouterr().err
+        assert message in err and "no-run" not in err, err
+
+
+def test_more_parallel_searches_than_cores_is_warned(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(SystemExit):
+        main(["export", "--run", str(tmp_path / "no-run"), "--output", str(tmp_path / "out"),
+              "--parallel-searches", "3"])
+    assert "--parallel-searches 3 is more search loops than this machine's 2 cores" in capsys.readouterr().err
+
+
+THREADS_SCRIPT = r"""
+import sys
+import tensorflow as tf
+from keras_transformer import cli
+tf.config.list_physical_devices()  # as the CLI's import does
+cli._set_search_threads(cli._exported_parallel_searches(sys.argv[1]))
+print(tf.config.threading.get_inter_op_parallelism_threads(), tf.config.threading.get_intra_op_parallelism_threads())
+"""
+
+
+def test_an_export_with_parallel_searches_gets_its_threads_in_the_cli(tmp_path):
+    """translate/evaluate --saved-model of an export with parallel_searches 2
+    run TensorFlow with 2 inter-op threads of 1 intra-op thread; one without
+    keeps TensorFlow's defaults (0, 0)."""
+    for parts, want in ((2, "2 1"), (1, "0 0")):
+        folder = tmp_path / f"export{parts}"
+        folder.mkdir()
+        (folder / "keras_transformer.json").write_text(json.dumps({"decoding": {"parallel_searches": parts}}))
+        out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(folder)], capture_output=True, text=True,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True)
+        assert out.stdout.split()[-2:] == want.split(), out.stdout
