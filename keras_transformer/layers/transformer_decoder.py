@@ -456,21 +456,17 @@ class TransformerDecoder(TransformerBlock):
         def cross_attend(x):
             query = self.cross_attention.step_projection(x, weights["cross"], include_key_value=False)
             if beams == 1:
-                attended, attention = single_query_attention(
-                    ops.reshape(query, (-1, heads, 1, key_dim)), cross_key, cross_value,
-                    masks["cross"], masks["keep"],
-                )
-                return self.cross_attention.step_output(attended, weights["cross"]), attention
-            # The beams of a source as its queries: (sources, heads, beams,
-            # key_dim) against the source's keys, then back to a row each.
-            query = ops.transpose(ops.reshape(query, (-1, beams, heads, key_dim)), (0, 2, 1, 3))
+                query = ops.reshape(query, (-1, heads, 1, key_dim))
+            else:  # the beams of a source as its queries: (sources, heads, beams, key_dim)
+                query = ops.transpose(ops.reshape(query, (-1, beams, heads, key_dim)), (0, 2, 1, 3))
             attended, attention = single_query_attention(
                 query, cross_key, cross_value, masks["cross"], masks["keep"]
             )
-            attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, heads, 1, key_dim))
-            if return_attention_scores:
-                attention = ops.transpose(attention, (0, 2, 1, 3))
-                attention = ops.reshape(attention, (-1, heads, 1, ops.shape(attention)[-1]))
+            if beams > 1:  # back to a row per hypothesis
+                attended = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, heads, 1, key_dim))
+                if return_attention_scores:
+                    attention = ops.transpose(attention, (0, 2, 1, 3))
+                    attention = ops.reshape(attention, (-1, heads, 1, ops.shape(attention)[-1]))
             return self.cross_attention.step_output(attended, weights["cross"]), attention
 
         def norm(name, layer):
