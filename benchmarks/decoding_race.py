@@ -21,6 +21,7 @@ strings out (SentencePiece included), beam 4 with the GNMT length penalty
   compiled by XLA, as TF Serving runs it with
   `--xla_cpu_compilation_enabled=true`; each new batch size and source
   length, padded to a multiple of 8, compiles once, in the first round);
+  `saved_model_now_xla_1x1` that on one inter-op and one intra-op thread;
   `saved_model_now_hybrid` the same with `--xla-max-batch-size` (XLA for
   batches up to that size, the plain graph above);
   `saved_model_now_1thread` the same with one TensorFlow thread for ops and
@@ -37,7 +38,11 @@ strings out (SentencePiece included), beam 4 with the GNMT length penalty
   `export_ctranslate2` (float32, and int8 weights), through
   `CTranslate2Translator` with CTranslate2's length penalty 0.4 (its
   `length ** alpha` form ranks the shipped model's hypotheses as our GNMT
-  penalty 0.6 does).
+  penalty 0.6 does), on as many threads as the machine has CPUs;
+  `ct2_float32_1thread` the float32 one on one thread.
+
+`--only REGEX` races the contenders whose names match (CTranslate2 float32,
+the yardstick, always runs), and builds only their models.
 
 Each contender runs in its own process (runtimes' thread pools compete when
 they share one), started and warmed up before timing; timed passes are
@@ -51,6 +56,7 @@ batch-32 outputs), so that speed is never bought with quality unnoticed.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -88,7 +94,8 @@ def _load(kind, path):
     if kind.startswith("ct2_"):
         from keras_transformer.ctranslate2_export import CTranslate2Translator
 
-        ct2 = CTranslate2Translator(path, compute_type=kind[len("ct2_"):], intra_threads=os.cpu_count())
+        compute_type, _, threads = kind[len("ct2_"):].partition("@")
+        ct2 = CTranslate2Translator(path, compute_type=compute_type, intra_threads=int(threads or os.cpu_count()))
         return lambda lines: ct2.translate(lines, beam_size=BEAM_SIZE, length_penalty=CT2_LENGTH_PENALTY)
     raise ValueError(kind)
 
@@ -162,6 +169,8 @@ def main():
     parser.add_argument("--xla-max-batch-size", type=int, default=4,
                         help="the hybrid contender's largest XLA batch")
     parser.add_argument("--quick", action="store_true", help="64 sentences, 8 at batch 1, one round")
+    parser.add_argument("--only", help="a regular expression: race only the contenders whose names it "
+                                       "matches (and ct2_float32, the yardstick)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -183,19 +192,34 @@ def main():
     sentences_file = os.path.join(work, "sentences.txt")
     with open(sentences_file, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
-    ct2_dir = export_ctranslate2(first, os.path.join(work, "ct2"))
-    ct2_int8 = export_ctranslate2(first, os.path.join(work, "ct2-int8"), quantization="int8")
 
     # The first SavedModel exported again by this version of the library:
-    # today's export beside the one it was shipped as.
+    # today's export beside the one it was shipped as. Each contender is
+    # (name, worker kind, a function that makes its model directory, extra
+    # environment); only those `--only` names are built and started.
     from keras_transformer.export import export_translator
     from keras_transformer.loading import translator_from_saved_model
 
     with open(os.path.join(first, "keras_transformer.json")) as f:
         exported = json.load(f)
-    again = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY)
-    reexport = export_translator(again, os.path.join(work, "saved_model_now"),
-                                 weights_dtype=exported.get("weights_dtype", "float32"))
+    weights_dtype = exported.get("weights_dtype", "float32")
+    built = {}
+
+    def export(name, weights_dtype="float32", **settings):
+        """Export (once) the first SavedModel's weights with `settings`
+        (beam 4, 0.6 and `Translator` arguments) into `work/name`."""
+        if name not in built:
+            again = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                                **settings)
+            built[name] = export_translator(again, os.path.join(work, name), weights_dtype=weights_dtype)
+        return built[name]
+
+    def convert(name, **settings):
+        """Convert (once) the first SavedModel to CTranslate2 into `work/name`."""
+        if name not in built:
+            built[name] = export_ctranslate2(first, os.path.join(work, name), **settings)
+        return built[name]
+
     def given_name(path):
         name = f"saved_model:{os.path.basename(os.path.normpath(path))}" if len(saved_models) > 1 else "saved_model"
         with open(os.path.join(path, "keras_transformer.json")) as f:
@@ -204,47 +228,46 @@ def main():
             name += f" (its own beam {search['beam_size']}, {search['length_penalty']})"
         return name
 
-    plan = [(given_name(p), "saved_model", p) for p in saved_models]
-    plan.append(("saved_model_now", "saved_model", reexport))
-    plan.append(("saved_model_now_1thread", "saved_model@1x1", reexport))
-    if exported.get("weights_dtype", "float32") != "float32":
+    xla = {"jit_compile": True}
+    hybrid = {"jit_compile": True, "xla_max_batch_size": args.xla_max_batch_size}
+    old_runtime = {"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=false"}
+    plan = [(given_name(p), "saved_model", lambda p=p: p, None) for p in saved_models]
+    plan += [
+        ("saved_model_now", "saved_model", lambda: export("now", weights_dtype), None),
+        ("saved_model_now_1thread", "saved_model@1x1", lambda: export("now", weights_dtype), None),
+    ]
+    if weights_dtype != "float32":
         # The same values (a float16 weight is exact in float32) stored as
         # float32: no weight casts a call, twice the weights' bytes.
-        plan.append(("saved_model_now_float32", "saved_model",
-                     export_translator(again, os.path.join(work, "saved_model_now_float32"),
-                                       weights_dtype="float32")))
-    int8 = export_translator(again, os.path.join(work, "saved_model_int8"), weights_dtype="int8")
-    plan.append(("saved_model_int8", "saved_model", int8))
-    compiled = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                           jit_compile=True)
-    plan.append(("saved_model_now_xla", "saved_model",
-                 export_translator(compiled, os.path.join(work, "saved_model_now_xla"))))
-    hybrid = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                         jit_compile=True,
-                                         xla_max_batch_size=args.xla_max_batch_size)
-    plan.append(("saved_model_now_hybrid", "saved_model",
-                 export_translator(hybrid, os.path.join(work, "saved_model_now_hybrid"))))
-    # Two searches of half a batch each, on two inter-op threads of one
-    # intra-op thread (TF Serving: --tensorflow_inter_op_parallelism=2
-    # --tensorflow_intra_op_parallelism=1); then the same beside XLA for
-    # small batches, and with XLA's older CPU runtime (XLA_FLAGS).
-    parallel = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                           parallel_searches=2)
-    plan.append(("saved_model_now_2searches_2x1", "saved_model@2x1",
-                 export_translator(parallel, os.path.join(work, "saved_model_now_2searches"))))
-    hybrid2 = translator_from_saved_model(first, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                          jit_compile=True, xla_max_batch_size=args.xla_max_batch_size,
-                                          parallel_searches=2)
-    hybrid2 = export_translator(hybrid2, os.path.join(work, "saved_model_now_hybrid_2searches"))
-    plan.append(("saved_model_now_hybrid_2searches_2x1", "saved_model@2x1", hybrid2))
-    plan.append(("saved_model_now_hybrid_2searches_2x1_xla_old_runtime", "saved_model@2x1", hybrid2,
-                 {"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=false"}))
-    plan += [("translator", "translator", first), ("ct2_float32", "ct2_float32", ct2_dir),
-             ("ct2_int8", "ct2_int8", ct2_int8)]
+        plan.append(("saved_model_now_float32", "saved_model", lambda: export("now_float32"), None))
+    plan += [
+        ("saved_model_int8", "saved_model", lambda: export("int8", "int8"), None),
+        ("saved_model_now_xla", "saved_model", lambda: export("xla", **xla), None),
+        ("saved_model_now_xla_1x1", "saved_model@1x1", lambda: export("xla", **xla), None),
+        ("saved_model_now_hybrid", "saved_model", lambda: export("hybrid", **hybrid), None),
+        # Two searches of half a batch each, on two inter-op threads of one
+        # intra-op thread (TF Serving: --tensorflow_inter_op_parallelism=2
+        # --tensorflow_intra_op_parallelism=1); then the same beside XLA for
+        # small batches, and with XLA's older CPU runtime (XLA_FLAGS).
+        ("saved_model_now_2searches_2x1", "saved_model@2x1",
+         lambda: export("2searches", parallel_searches=2), None),
+        ("saved_model_now_hybrid_2searches_2x1", "saved_model@2x1",
+         lambda: export("hybrid_2searches", parallel_searches=2, **hybrid), None),
+        ("saved_model_now_hybrid_2searches_2x1_xla_old_runtime", "saved_model@2x1",
+         lambda: export("hybrid_2searches", parallel_searches=2, **hybrid), old_runtime),
+        ("translator", "translator", lambda: first, None),
+        ("ct2_float32", "ct2_float32", lambda: convert("ct2"), None),
+        # CTranslate2 on one thread: its best at batch 1 on some machines.
+        ("ct2_float32_1thread", "ct2_float32@1", lambda: convert("ct2"), None),
+        ("ct2_int8", "ct2_int8", lambda: convert("ct2-int8", quantization="int8"), None),
+    ]
+    if args.only:
+        wanted = re.compile(args.only)
+        plan = [entry for entry in plan if entry[0] == "ct2_float32" or wanted.search(entry[0])]
     contenders = []
-    for name, kind, path, *env in plan:
+    for name, kind, make, env in plan:
         print(f"starting {name} ...", file=sys.stderr, flush=True)
-        contenders.append(Contender(name, kind, path, sentences_file, args.batch1_sentences, *env))
+        contenders.append(Contender(name, kind, make(), sentences_file, args.batch1_sentences, env))
     times = {(c.name, b): [] for c in contenders for b in (32, 1)}
     for round_ in range(args.rounds):
         for contender in contenders:

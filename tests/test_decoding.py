@@ -422,6 +422,56 @@ def test_growing_caches_give_the_fixed_caches_results(parts):
         np.testing.assert_array_equal(to_numpy(eager[0]), to_numpy(results[0][0]))
 
 
+def test_fixed_caches_grow_in_phases_with_one_phases_results(parts, monkeypatch):
+    """Issue 18: fixed-size caches start at `FIRST_PHASE` slots and are
+    padded (doubling) when a step reaches their end; greedy and beam search,
+    with sentences that end in different phases, give the results of caches
+    of every slot from the start, and the caches grow as planned."""
+    from keras_transformer.decoding import model_parts
+
+    class Recording(TransformerParts):
+        def grow_self_caches(self, self_caches, length):
+            grown = super().grow_self_caches(self_caches, length)
+            self.grown.append((length, tuple(grown[0][0].shape), tuple(grown[0][1].shape)))
+            return grown
+
+    phased = Recording(parts.model)
+    varied = np.array([[5, END, 0, 0, 0, 0], [5, 6, 7, 8, 9, END], [8, 9, END, 0, 0, 0],
+                       [4, 5, 6, END, 0, 0], [7, END, 0, 0, 0, 0]], "int32")
+    cases = (
+        (greedy_search, SOURCES, {}),
+        (beam_search, SOURCES, {"beam_size": 3, "n_best": 2}),
+        (beam_search, varied, {"beam_size": 3, "n_best": 2, "length_ratio": 0.5, "length_offset": 1}),
+        (beam_search, varied, {"beam_size": 4, "length_penalty": 1.0}),
+    )
+    heads, key_dim = parts.num_heads, parts.key_dim
+    for search, sources, kwargs in cases:
+        monkeypatch.setattr(model_parts, "FIRST_PHASE", parts.target_sequence_length)
+        assert parts.cache_phases(10) == [10]
+        want = search(parts, sources, start_id=START, end_id=END, **kwargs)
+        monkeypatch.setattr(model_parts, "FIRST_PHASE", 2)
+        assert phased.cache_phases(10) == [2, 4, 8, 10]
+        phased.grown = []
+        got = search(phased, sources, start_id=START, end_id=END, **kwargs)
+        rows = len(sources) * kwargs.get("beam_size", 1)
+        assert phased.grown == [(n, (rows, heads, key_dim, n), (rows, heads, n, key_dim)) for n in (4, 8, 10)]
+        np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(want[0]))
+        np.testing.assert_allclose(to_numpy(got[1]), to_numpy(want[1]), atol=1e-6)
+    # The outputs reach past the first phases.
+    assert (to_numpy(want[0]) != PAD).sum(-1).max() > 4
+
+
+def test_parts_fold_the_tied_transpose_with_fixed_caches_only():
+    """Issue 18: fixed-size caches (XLA, JAX, torch) multiply by the tied
+    table's transpose in each step; the tensorflow graph of growing caches
+    takes one transposed copy (its plain product is the faster one)."""
+    keras.utils.set_random_seed(0)
+    model = build_transformer(30, 30, num_layers=1, d_model=8, num_heads=2, dff=16, dropout_rate=0.0,
+                              sequence_length=10, tie_embeddings="all")
+    assert TransformerParts(model).decoding_weights()["logits"][2] is True
+    assert TransformerParts(model, growing_cache=True).decoding_weights()["logits"][2] is False
+
+
 def _numpy_top_k(x, k):
     """Reference: the k largest of each row, ties to the lower index."""
     order = np.argsort(-x, axis=-1, kind="stable")[..., :k]

@@ -363,12 +363,22 @@ def test_model_decodes_step_by_step_as_its_full_call(settings):
     encoder_outputs, mask = model.call_encoder(source)
     assert to_numpy(mask).tolist() == (source != PAD).tolist()
     cross = model.compute_cross_attention_caches(encoder_outputs)
-    caches = model.empty_self_attention_caches(2, 12)
-    weights = model.decoding_weights()
-    for t in range(target.shape[1]):
-        logits, caches = model.call_decoder_with_cache(
-            target[:, t], caches, t, cross, mask, decoding_weights=weights)
-        np.testing.assert_allclose(to_numpy(logits), full[:, t], rtol=1e-4, atol=1e-4)
+    # A tied output projection either transposed once (the default) or
+    # multiplied by the transposed table in each step (issue 18: what XLA
+    # folds into the product): the table itself, not a copy.
+    for fold in (False, True):
+        caches = model.empty_self_attention_caches(2, 12)
+        weights = model.decoding_weights(fold_tied_transpose=fold)
+        kernel, bias, transposed = weights["logits"]
+        tied = model.logits_layer is model.decoder_embedding
+        assert transposed == (fold and tied)
+        assert (kernel is weights["embedding"]) == (fold and tied)
+        if tied and not fold:
+            np.testing.assert_array_equal(to_numpy(kernel), to_numpy(weights["embedding"]).T)
+        for t in range(target.shape[1]):
+            logits, caches = model.call_decoder_with_cache(
+                target[:, t], caches, t, cross, mask, decoding_weights=weights)
+            np.testing.assert_allclose(to_numpy(logits), full[:, t], rtol=1e-4, atol=1e-4)
 
 
 def test_model_config_round_trip_and_keras_file(tmp_path):

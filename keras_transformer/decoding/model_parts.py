@@ -1,7 +1,29 @@
 """A built Transformer, wired for step-by-step decoding."""
 
+from keras import ops
+
 from keras_transformer.decoding.growing_cache import empty_growing_cache
 from keras_transformer.models.conversion import as_transformer
+
+
+# Slots of the fixed-size self-attention caches in a search's first phase
+# (`TransformerParts.cache_phases`).
+FIRST_PHASE = 16
+
+
+def phase_lengths(length, first=None):
+    """Slots of the fixed-size caches in each phase of a search: `first`
+    (default `FIRST_PHASE`), doubling, and `length` last.
+
+    >>> phase_lengths(64), phase_lengths(40), phase_lengths(10)
+    ([16, 32, 64], [16, 32, 40], [10])
+    """
+    first = FIRST_PHASE if first is None else int(first)
+    sizes = []
+    while first < length:
+        sizes.append(first)
+        first *= 2
+    return sizes + [length]
 
 
 class TransformerParts:
@@ -63,10 +85,43 @@ class TransformerParts:
             ]
         return self.model.empty_self_attention_caches(batch_size, length, dtype)
 
+    def cache_phases(self, length):
+        """Slots of the self-attention caches in each phase of a search of
+        up to `length` positions.
+
+        Fixed-size caches (XLA, JAX, torch) start with `phase_lengths`'
+        first size, and the search pads them with empty slots
+        (`grow_self_caches`) when a step reaches the end: a step then
+        writes, attends over and reorders the slots it can reach rather
+        than all `length`, at the cost of one copy of the loop per phase in
+        the compiled program. An empty slot's attention weight is exactly
+        zero either way. Growing caches have one phase.
+
+        Returns:
+            list of int, increasing, the last `length`.
+        """
+        return [length] if self.growing_cache else phase_lengths(length)
+
+    def grow_self_caches(self, self_caches, length):
+        """`self_caches` (fixed-size, from `empty_self_caches`) padded with
+        zero slots at the end to `length` slots: keys `(batch, heads,
+        key_dim, length)`, values `(batch, heads, length, key_dim)`."""
+        grown = []
+        for key, value in self_caches:
+            missing = length - key.shape[-1]
+            grown.append((
+                ops.pad(key, [(0, 0), (0, 0), (0, 0), (0, missing)]),
+                ops.pad(value, [(0, 0), (0, 0), (0, missing), (0, 0)]),
+            ))
+        return grown
+
     def decoding_weights(self):
         """`Transformer.decoding_weights`: build them once, before the
-        decoding loop, and pass them to every `decode_step`."""
-        return self.model.decoding_weights()
+        decoding loop, and pass them to every `decode_step`. With fixed-size
+        caches (XLA, JAX, torch) a tied output projection multiplies by the
+        transposed table in each step (`fold_tied_transpose`); the graph of
+        growing caches takes a transposed copy once."""
+        return self.model.decoding_weights(fold_tied_transpose=not self.growing_cache)
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_outputs_mask,
                     return_attention_scores=False, weights=None, beams_per_source=1):

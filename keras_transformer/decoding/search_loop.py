@@ -96,7 +96,9 @@ def dynamic_decode(
     # Row b*k + j of the decoder batch is beam j of sentence b; the beams of
     # a sentence share its cross-attention caches and source mask.
     cross = flatten_caches(parts.cross_caches(encoder_outputs))
-    caches = flatten_caches(parts.empty_self_caches(batch * k, length, encoder_outputs.dtype))
+    # Fixed-size caches may grow in phases (`TransformerParts.cache_phases`).
+    phases = parts.cache_phases(length) if hasattr(parts, "cache_phases") else [length]
+    caches = flatten_caches(parts.empty_self_caches(batch * k, phases[0], encoder_outputs.dtype))
     weights = parts.decoding_weights()  # once, outside the loop
     attention_shape = (parts.num_heads, ops.shape(source_ids)[1]) if return_attention_scores else None
     state = tuple(strategy.initial_state(batch, length, pad_id, attention_shape))
@@ -136,9 +138,19 @@ def dynamic_decode(
                 new_caches = [take_rows(cache, rows) for cache in new_caches]
             return (t + 1, ops.reshape(tokens, (-1,)), *state, *new_caches)
 
-        outputs = ops.while_loop(
-            cond, body, (ops.convert_to_tensor(0, "int32"), last, *state, *caches)
-        )
+        # One loop per cache phase, over caches of one static size, padded
+        # with empty slots for the next phase: a step reads and reorders
+        # the slots its phase can reach, not all `length` of them.
+        outputs = (ops.convert_to_tensor(0, "int32"), last, *state, *caches)
+        for i, size in enumerate(phases):
+            if i > 0:
+                grown = parts.grow_self_caches(unflatten_caches(outputs[2 + num_state:]), size)
+                outputs = (*outputs[:2 + num_state], *flatten_caches(grown))
+
+            def phase_cond(t, last, *rest, size=size):
+                return ops.logical_and(t < size, cond(t, last, *rest))
+
+            outputs = ops.while_loop(phase_cond, body, outputs)
         return strategy.finalize(tuple(outputs[2:2 + num_state]))
 
     def split(loop_vars):

@@ -308,24 +308,41 @@ class Transformer(keras.Model):
         dtype)."""
         return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
 
-    def decoding_weights(self):
+    def decoding_weights(self, fold_tied_transpose=False):
         """The weights of `call_decoder_with_cache`, read once: the target
         token table (`PositionalEmbedding.decoding_weights`), per decoder
-        layer its `decoding_weights()`, the output projection's `(kernel
-        (d_model, vocab), bias or None)` and the final LayerNorm's `(gamma,
-        beta)` (pre-LN; else None). Build them once, before a decoding
-        loop, and pass them to every call."""
+        layer its `decoding_weights()`, the output projection's `(kernel,
+        bias or None, transposed)` and the final LayerNorm's `(gamma, beta)`
+        (pre-LN; else None). Build them once, before a decoding loop, and
+        pass them to every call.
+
+        Args:
+            fold_tied_transpose: bool. With tied embeddings (section 3.4)
+                the output kernel is the token table `(vocab, d_model)`
+                transposed. False: transposed here, once (a copy the size
+                of the table); True: the table itself with `transposed`
+                True, and each step multiplies by its transpose, which XLA
+                folds into the product (no copy). TensorFlow's graph
+                executor runs the plain product faster; XLA saves the copy.
+        """
         final_norm = self.decoder_final_norm
         table = self.decoder_embedding.decoding_weights()
-        tied = self.logits_layer is self.decoder_embedding
         return {
             "embedding": table,
             "layers": [layer.decoding_weights() for layer in self.decoder_layers],
-            # Tied: the table read above, transposed (section 3.4).
-            "logits": self.logits_layer.output_weights(table) if tied else self.logits_layer.output_weights(),
+            "logits": self._logits_weights(table, fold_tied_transpose),
             "final_norm": None if final_norm is None else (
                 ops.cast(final_norm.gamma, "float32"), ops.cast(final_norm.beta, "float32")),
         }
+
+    def _logits_weights(self, table, fold_tied_transpose):
+        """`(kernel, bias or None, transposed)` (see `decoding_weights`)."""
+        tied = self.logits_layer is self.decoder_embedding
+        if tied and fold_tied_transpose and table is not None:
+            return table, None, True
+        # A quantized or LoRA table (`table` None) is read by the layer.
+        weights = self.logits_layer.output_weights(table) if tied else self.logits_layer.output_weights()
+        return (*weights, False)
 
     def call_decoder_with_cache(
         self,
@@ -397,8 +414,8 @@ class Transformer(keras.Model):
         x = x[:, 0, :]
         if self.decoder_final_norm is not None:
             x = layer_norm(x, *weights["final_norm"], self.decoder_final_norm.epsilon)
-        kernel, bias = weights["logits"]
-        logits = ops.matmul(x, kernel)
+        kernel, bias, transposed = weights["logits"]
+        logits = ops.matmul(x, ops.transpose(kernel) if transposed else kernel)
         logits = ops.cast(logits if bias is None else logits + bias, "float32")
         if return_attention_scores:
             return logits, new_caches, attention
