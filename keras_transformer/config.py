@@ -233,7 +233,8 @@ def check_run_folder(path):
 
     Raises:
         FileNotFoundError: naming the run folders inside `path`, if any (the
-            demo writes its run to `runs/demo/run`).
+            demo writes its run to `runs/demo/run`), or saying to pass a
+            SavedModel folder as `--saved-model`.
     """
     if os.path.exists(os.path.join(path, "config.json")):
         return
@@ -241,6 +242,12 @@ def check_run_folder(path):
         raise FileNotFoundError(
             f"{path} does not exist, so it is not a training run folder; pass the "
             "--output-dir of `keras-transformer train`."
+        )
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(
+            f"{path} is an exported SavedModel, not a training run folder; pass it as "
+            f"--saved-model {path} instead of --run (translate, evaluate and export "
+            "--format ctranslate2 take one)."
         )
     inside = sorted(
         os.path.join(path, name) for name in (os.listdir(path) if os.path.isdir(path) else [])

@@ -107,6 +107,13 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "nope" in err and "not a training run folder" in err
+    # A SavedModel folder given as --run: the flag it belongs to.
+    (tmp_path / "exported").mkdir()
+    (tmp_path / "exported" / "saved_model.pb").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["translate", "--run", str(tmp_path / "exported"), "A dog."])
+    err = capsys.readouterr().err
+    assert f"--saved-model {tmp_path / 'exported'} instead of --run" in err, err
     # The folder above a run (the demo's runs/demo) names the run inside it.
     (tmp_path / "demo" / "run").mkdir(parents=True)
     (tmp_path / "demo" / "run" / "config.json").write_text("{}")
