@@ -26,8 +26,8 @@ def beam_search(
     Each sentence keeps `beam_size` hypotheses ranked by
     `log P(y) / lp(y)` with the GNMT penalty `lp = ((5 + |y|) / 6) ** alpha`
     (`alpha = length_penalty`; 0 ranks by raw log-probability), applied per
-    hypothesis to its own length. The encoder output, its padding mask and
-    the cross-attention keys/values are repeated once per beam. A
+    hypothesis to its own length. The beams of a sentence share its encoder
+    output, padding mask and cross-attention keys/values. A
     hypothesis that produced `end_id` is finished: it is never extended,
     its score stays fixed, and only `pad_id` follows. The end token
     is forced at the limit of `decode_limits`. `pad_id`, `start_id` and

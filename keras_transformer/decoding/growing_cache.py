@@ -1,9 +1,10 @@
 """TensorFlow fast path of incremental decoding: self-attention caches that
 grow by one position per step.
 
-The backend-neutral caches have a fixed size (the output limit), as JAX and
-XLA need static shapes: every step then rewrites and attends over every
-slot, and beam search reorders every slot. On TensorFlow without XLA a
+The backend-neutral caches have fixed sizes, as JAX and XLA need static
+shapes: 16, 32, then 64 slots in turn (`TransformerParts.cache_phases`), and
+every step rewrites, attends over and, in beam search, reorders every slot
+of its phase. On TensorFlow without XLA a
 `tf.while_loop` can carry a cache whose length grows, so a step at position
 `t` appends one slot and reads and reorders `t + 1`: the same values with a
 fraction of the memory traffic (outputs are the same; only the float
