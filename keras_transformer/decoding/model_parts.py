@@ -1,7 +1,5 @@
 """A built Transformer, wired for step-by-step decoding."""
 
-from keras import ops
-
 from keras_transformer.decoding.growing_cache import empty_growing_cache
 from keras_transformer.models.conversion import as_transformer
 
@@ -104,16 +102,9 @@ class TransformerParts:
 
     def grow_self_caches(self, self_caches, length):
         """`self_caches` (fixed-size, from `empty_self_caches`) padded with
-        zero slots at the end to `length` slots: keys `(batch, heads,
-        key_dim, length)`, values `(batch, heads, length, key_dim)`."""
-        grown = []
-        for key, value in self_caches:
-            missing = length - key.shape[-1]
-            grown.append((
-                ops.pad(key, [(0, 0), (0, 0), (0, 0), (0, missing)]),
-                ops.pad(value, [(0, 0), (0, 0), (0, missing), (0, 0)]),
-            ))
-        return grown
+        zero slots at the end to `length` slots
+        (`Transformer.grow_self_attention_caches`)."""
+        return self.model.grow_self_attention_caches(self_caches, length)
 
     def decoding_weights(self):
         """`Transformer.decoding_weights`: build them once, before the

@@ -338,6 +338,16 @@ class TransformerDecoder(TransformerBlock):
             ops.zeros((batch_size, heads, length, key_dim), dtype),
         )
 
+    def grow_cache(self, cache, length):
+        """A fixed-size self-attention cache (`empty_cache`'s layout) padded
+        with zero slots at the end to `length` slots."""
+        key, value = cache
+        missing = length - key.shape[-1]
+        return (
+            ops.pad(key, [(0, 0), (0, 0), (0, 0), (0, missing)]),
+            ops.pad(value, [(0, 0), (0, 0), (0, missing), (0, 0)]),
+        )
+
     def precompute_cross_attention_cache(self, encoder_outputs):
         """Keys and values of the cross-attention, computed once per source.
 

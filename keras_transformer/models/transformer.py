@@ -308,6 +308,11 @@ class Transformer(keras.Model):
         dtype)."""
         return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
 
+    def grow_self_attention_caches(self, caches, length):
+        """`caches` (from `empty_self_attention_caches`) padded with zero
+        slots at the end to `length` output positions."""
+        return [layer.grow_cache(cache, length) for layer, cache in zip(self.decoder_layers, caches)]
+
     def decoding_weights(self, fold_tied_transpose=False):
         """The weights of `call_decoder_with_cache`, read once: the target
         token table (`PositionalEmbedding.decoding_weights`), per decoder
