@@ -68,13 +68,14 @@ def config_for(args):
         train_src=train_src, train_tgt=train_tgt, val_src=val_src, val_tgt=val_tgt,
         output_dir=args.run, preset="small", num_layers=4, d_model=128, num_heads=4, dff=512,
         src_vocab_size=8000, tgt_vocab_size=8000,
-        shared_vocab=True, tie_embeddings="all", dropout_rate=0.2,
+        shared_vocab=True, tie_embeddings="all", dropout_rate=args.dropout_rate,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
         norm_first=args.norm_first,
         epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps,
         lr_scale=args.lr_scale, sequence_length=64,
         early_stopping_patience=10, time_budget=args.time_budget,
         keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
+        seed=args.seed,
     )
 
 
@@ -85,8 +86,11 @@ def subword_note(tc):
     return f" subword regularization (Kudo, 2018) of the training pairs at alpha {tc['subword_alpha']:g},"
 
 
-def recipe_flags(tc):
-    """The command-line flags that reproduce `tc` where it differs from the recipe."""
+def recipe_flags(tc, mc):
+    """The command-line flags that reproduce a run where it differs from the recipe.
+
+    `tc` and `mc` are the run's training and model configs (dicts).
+    """
     flags = ""
     if tc["tokens_per_batch"] != 4096:
         flags += f" --tokens-per-batch {tc['tokens_per_batch']}"
@@ -98,6 +102,10 @@ def recipe_flags(tc):
         flags += " --norm-first"
     if tc.get("subword_alpha") is not None:
         flags += f" --subword-alpha {tc['subword_alpha']:g}"
+    if mc.get("dropout_rate", 0.2) != 0.2:
+        flags += f" --dropout-rate {mc['dropout_rate']:g}"
+    if tc.get("seed", 0) != 0:
+        flags += f" --seed {tc['seed']}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -286,7 +294,7 @@ set was translated once, by the chosen SavedModel.
 ## Reproduce
 
 ```bash
-python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} --epochs {tc['epochs']}{recipe_flags(tc)} train
+python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} --epochs {tc['epochs']}{recipe_flags(tc, mc)} train
 python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} ship
 keras-transformer evaluate --saved-model saved_models/multi30k-{m['pair']} \\
     --src ../shared/data/multi30k/test_2016_flickr.{source}.gz --ref ../shared/data/multi30k/test_2016_flickr.{target}.gz
@@ -301,7 +309,7 @@ worse output on other domains. Inputs longer than {mc.get('sequence_length', mc.
         f.write(card)
 
 
-def main():
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["train", "ship", "refresh"],
                         help="train; ship the run's model; or refresh: export the shipped model again "
@@ -327,7 +335,15 @@ def main():
                              "at the epoch end after which the next epoch would pass it (the recipe: 7200)")
     parser.add_argument("--steps-per-epoch", type=int, default=133,
                         help="steps of an epoch, for logs written before steps were recorded")
-    args = parser.parse_args()
+    parser.add_argument("--dropout-rate", type=float, default=0.2,
+                        help="dropout on the embeddings and sub-layer outputs (the recipe: 0.2)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed of the weights, dropout and batch order (the recipe: 0)")
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     args.run = args.run or f"runs/multi30k-{args.pair}"
     args.output = args.output or f"saved_models/multi30k-{args.pair}"
     if args.command == "train":

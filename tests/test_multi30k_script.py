@@ -1,0 +1,44 @@
+"""examples/multi30k.py: its flags reach the run's config, and the card's command reproduces them."""
+
+import dataclasses
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "multi30k.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("multi30k_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config(script, flags):
+    args = script.build_parser().parse_args(shlex.split(flags) + ["train"])
+    args.run = "runs/x"
+    return script.config_for(args)
+
+
+def test_defaults_are_the_recipe(script):
+    c = config(script, "")
+    assert (c.dropout_rate, c.attention_dropout_rate, c.activation_dropout_rate, c.seed) == (0.2, 0.1, 0.1, 0)
+    assert script.recipe_flags(dataclasses.asdict(c), {"dropout_rate": c.dropout_rate}) == ""
+
+
+@pytest.mark.parametrize("flags", [
+    "--dropout-rate 0.3 --seed 7",
+    "--warmup-steps 2000 --lr-scale 2 --norm-first --subword-alpha 0.3 --dropout-rate 0.25 --seed 1",
+])
+def test_card_command_reproduces_the_flags(script, flags):
+    c = config(script, flags)
+    assert c.dropout_rate == float(shlex.split(flags)[shlex.split(flags).index("--dropout-rate") + 1])
+    assert c.seed == int(shlex.split(flags)[-1])
+    # The other two rates stay the recipe's: --dropout-rate sets the residual/embedding rate only.
+    assert (c.attention_dropout_rate, c.activation_dropout_rate) == (0.1, 0.1)
+    again = script.recipe_flags(dataclasses.asdict(c), {"dropout_rate": c.dropout_rate})
+    assert config(script, again) == c
