@@ -434,14 +434,17 @@ def cmd_translate(args):
         _report_truncated(serve, len(lines))
         return
     found = _translator_object(args).translate_n_best(lines, args.n_best, batch_size=args.batch_size)
-    for source, hypotheses in zip(lines, found):
+    for index, (source, hypotheses) in enumerate(zip(lines, found)):
         if args.format == "jsonl":
             print(json.dumps({"source": source, "translations": [t for t, _ in hypotheses],
                               "scores": [round(score, 6) for _, score in hypotheses]},
                              ensure_ascii=False))
             continue
+        # Repeated texts are dropped, so a sentence can have fewer than N:
+        # with N > 1 each line says which sentence it translates.
+        prefix = f"{index}\t" if args.n_best > 1 else ""
         for translation, score in hypotheses:
-            print(f"{score:.4f}\t{translation}" if args.scores else translation)
+            print(prefix + (f"{score:.4f}\t{translation}" if args.scores else translation))
 
 
 def cmd_export(args):
@@ -727,8 +730,11 @@ def main(argv=None):
     p.add_argument("--plot-attention", metavar="FILE.png",
                    help="draw the cross-attention of the first sentence, one panel per head")
     p.add_argument("--n-best", type=_positive_int, default=1,
-                   help="print the N best translations of each sentence, best first (N lines each; "
-                        "at most the beam size) (default: %(default)s)")
+                   help="print the N best distinct translations of each sentence, best first (at "
+                        "most the beam size; a text the search found under several subword "
+                        "segmentations is printed once, so a sentence can have fewer than N): with "
+                        "N > 1 each text line starts with the sentence's 0-based line number and a "
+                        "tab (default: %(default)s)")
     p.add_argument("--scores", action="store_true",
                    help="print each translation's score (log probability over the length "
                         "penalty) before it, tab-separated")

@@ -90,9 +90,10 @@ class SavedModelTranslator:
         """Translate a list of `str`; see `translator.translate_lines`."""
         return translate_lines(lambda batch: self.serve(batch)["translation"], lines, batch_size, progress)
 
-    def translate_n_best(self, lines, n, batch_size=64):
-        """`n` best translations with scores; see `translator.translate_n_best`."""
-        return translate_n_best(self.serve_n_best, lines, n, batch_size)
+    def translate_n_best(self, lines, n, batch_size=64, distinct=True):
+        """`n` best translations with scores, each text once with `distinct`;
+        see `translator.translate_n_best`."""
+        return translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
 
 
 def load_translator(path, checkpoint="best", **decoding):

@@ -400,10 +400,10 @@ class Translator(tf.Module):
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
 
-    def translate_n_best(self, lines, n, batch_size=64):
+    def translate_n_best(self, lines, n, batch_size=64, distinct=True):
         """The `n <= beam_size` best translations of each `str` with their
-        scores; see `translate_n_best`."""
-        return translate_n_best(self.serve_n_best, lines, n, batch_size)
+        scores, each text once with `distinct`; see `translate_n_best`."""
+        return translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
 
     def serve_n_best(self, text):
         """`translate_n_best`: `text` (batch,) -> `{"translations",
@@ -513,8 +513,13 @@ def translate_lines(serve, lines, batch_size=64, progress=False):
     )
 
 
-def translate_n_best(serve_n_best, lines, n, batch_size=64):
+def translate_n_best(serve_n_best, lines, n, batch_size=64, distinct=True):
     """The `n` best translations of each of `lines`, with their scores.
+
+    Hypotheses that differ only in their subword segmentation detokenize to
+    the same text (common in models trained with subword regularization);
+    with `distinct=True` a text is kept once, at its best score, so a
+    sentence can get fewer than `n` translations.
 
     Args:
         serve_n_best: callable from a `tf.string` tensor `(batch,)` to
@@ -524,11 +529,14 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64):
         lines: list of `str`.
         n: int, how many of the `k` hypotheses to keep, `1 <= n <= k`.
         batch_size: int, sentences per batch.
+        distinct: bool, drop a hypothesis whose text an earlier (better)
+            one already has; False keeps the search's `n` best as they are.
 
     Returns:
-        list (aligned with `lines`) of lists of `n` pairs `(translation str,
-        score float)`, best first; the score is the search's (log
-        probability over the GNMT length penalty in beam search).
+        list (aligned with `lines`) of lists of pairs `(translation str,
+        score float)`, best first: `n` of them, or with `distinct=True`
+        between 1 and `n`, with no text twice. The score is the search's
+        (log probability over the GNMT length penalty in beam search).
 
     Raises:
         TypeError, ValueError: as `translate_lines`, and a ValueError when
@@ -548,7 +556,18 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64):
                 "decode with beam search and a larger beam (--search beam --beam-size N with a run; "
                 "a SavedModel keeps the search it was exported with: export it again)."
             )
-        return [[(t.decode("utf-8"), float(s)) for t, s in zip(row_t[:n], row_s[:n])]
-                for row_t, row_s in zip(translations, scores)]
+        rows = []
+        for row_t, row_s in zip(translations, scores):
+            kept = {}
+            for t, s in zip(row_t if distinct else row_t[:n], row_s):
+                text = t.decode("utf-8")
+                if not distinct:
+                    kept[len(kept)] = (text, float(s))
+                elif text not in kept:  # best first: the first of a text has its best score
+                    kept[text] = (text, float(s))
+                if len(kept) == n:
+                    break
+            rows.append(list(kept.values()))
+        return rows
 
     return _by_length(rows_of, lines, batch_size, False)

@@ -168,6 +168,30 @@ def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_n_best_keeps_each_text_once_at_its_best_score():
+    """Hypotheses that detokenize to the same text (other subword
+    segmentations) are kept once, at the first (best) score, so a sentence
+    can get fewer than n; `distinct=False` keeps the search's n best."""
+    import tensorflow as tf
+
+    from keras_transformer.translator import translate_n_best
+
+    rows = {b"a": ([b"x", b"y", b"x", b"z"], [-1.0, -2.0, -3.0, -4.0]),
+            b"bb": ([b"x", b"x", b"x", b"x"], [-0.5, -0.625, -0.75, -0.875])}
+
+    def serve_n_best(batch):
+        found = [rows[s] for s in batch.numpy()]
+        return {"translations": tf.constant([t for t, _ in found]), "scores": tf.constant([s for _, s in found])}
+
+    assert translate_n_best(serve_n_best, ["a", "bb"], 3) == [
+        [("x", -1.0), ("y", -2.0), ("z", -4.0)], [("x", -0.5)]]
+    assert translate_n_best(serve_n_best, ["a", "bb"], 2) == [[("x", -1.0), ("y", -2.0)], [("x", -0.5)]]
+    assert translate_n_best(serve_n_best, ["a", "bb"], 3, distinct=False) == [
+        [("x", -1.0), ("y", -2.0), ("x", -3.0)], [("x", -0.5), ("x", -0.625), ("x", -0.75)]]
+    with pytest.raises(ValueError, match="fewer than the 5 asked for"):
+        translate_n_best(serve_n_best, ["a"], 5)
+
+
 def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path):
     """A folder with only the config.json of a run that stopped before its
     tokenizers were trained takes new settings; one with tokenizers or
@@ -540,15 +564,20 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     main(["translate", "--run", str(run), "--beam-size", "3", *sentences])
     plain = capsys.readouterr().out.strip().splitlines()
     main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "2", "--scores", *sentences])
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4
-    scores = [float(line.split("\t")[0]) for line in lines]
-    assert scores[0] >= scores[1] and scores[2] >= scores[3]
-    assert [lines[0].split("\t", 1)[1], lines[2].split("\t", 1)[1]] == plain
+    lines = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()]
+    # Each line: the sentence's line number, the score, the translation;
+    # one to two distinct texts a sentence, best first.
+    by_sentence = [[(float(score), text) for index, score, text in lines if int(index) == i] for i in (0, 1)]
+    assert sum(map(len, by_sentence)) == len(lines) and all(1 <= len(h) <= 2 for h in by_sentence)
+    assert [h[0][1] for h in by_sentence] == plain
+    for hypotheses in by_sentence:
+        assert [s for s, _ in hypotheses] == sorted((s for s, _ in hypotheses), reverse=True)
+        assert len({t for _, t in hypotheses}) == len(hypotheses)
     main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "3", "--format", "jsonl", *sentences])
     records = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [r["source"] for r in records] == sentences
-    assert [r["translations"][0] for r in records] == plain and all(len(r["scores"]) == 3 for r in records)
+    assert [r["translations"][0] for r in records] == plain
+    assert all(1 <= len(r["scores"]) == len(set(r["translations"])) <= 3 for r in records)
     with pytest.raises(SystemExit):
         main(["translate", "--run", str(run), "--beam-size", "3", "--n-best", "4", "A dog."])
     assert "fewer than the 4 asked for" in capsys.readouterr().err
