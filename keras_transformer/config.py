@@ -265,13 +265,21 @@ def check_saved_model_folder(path):
     TensorFlow-free, so the command line says it at once.
 
     Raises:
-        FileNotFoundError: naming `path`.
+        FileNotFoundError: naming `path`, and saying to pass it as `--run`
+            when it is a training run folder.
     """
-    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return
+    if os.path.exists(os.path.join(path, "config.json")):
         raise FileNotFoundError(
-            f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
-            "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
+            f"{path} is a training run folder, not an exported SavedModel; pass it as "
+            f"--run {path} instead of --saved-model (or to kt.load_translator), or export "
+            f"it first: keras-transformer export --run {path} --output DIR."
         )
+    raise FileNotFoundError(
+        f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
+        "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
+    )
 
 
 def check_files(*paths):

@@ -129,6 +129,15 @@ def test_missing_saved_model_folder_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("keras-transformer translate: error:")
     assert "nope" in err and "not a SavedModel folder" in err
+    # A run folder given as --saved-model: the flag it belongs to, in each command.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    for argv in (["translate", "A dog."], ["evaluate", "--src", __file__, "--ref", __file__],
+                 ["export", "--format", "ctranslate2", "--output", str(tmp_path / "ct2")]):
+        with pytest.raises(SystemExit):
+            main([*argv, "--saved-model", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert f"--run {tmp_path / 'run'} instead of --saved-model" in err, (argv, err)
 
 
 @pytest.mark.parametrize("argv", [
