@@ -6,10 +6,10 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 import argparse
 import contextlib
 import io
-import re
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -332,7 +332,7 @@ def _apply_config_file(parser, argv):
             if values.get("max_length") is not None and values.get("sequence_length") is None:
                 values["sequence_length"] = values.pop("max_length")  # its old name
             values.pop("max_length", None)
-            parser.set_defaults(**values)
+            parser.set_defaults(**values, config_values=values)
         except (OSError, ValueError) as error:
             parser.exit(1, f"keras-transformer train: error: --config: {error}\n")
 
@@ -345,8 +345,18 @@ def cmd_train(args):
     fields = {k.replace("-", "_"): v for k, v in vars(args).items()}
     config = TrainingConfig(**{k: v for k, v in fields.items() if k in TrainingConfig.__dataclass_fields__})
     start = time.time()
-    # Keras redraws its progress bar in place; into a log file, one line an epoch.
-    train(config, verbose=1 if getattr(sys.stdout, "isatty", lambda: False)() else 2)
+    try:
+        # Keras redraws its progress bar in place; into a log file, one line an epoch.
+        train(config, verbose=1 if getattr(sys.stdout, "isatty", lambda: False)() else 2)
+    except ValueError as error:
+        # A setting's range error ("`dropout_rate` must be ...") says where the
+        # value came from when the --config file set it.
+        from_file = getattr(args, "config_values", None) or {}
+        named = [name for name in re.findall(r"`(\w+)`", str(error))
+                 if name in from_file and fields.get(name) == from_file[name]]
+        if named:
+            raise ValueError(f"{error} (set by {named[0]} in --config {args.config})") from None
+        raise
     print(f"Trained in {time.time() - start:.0f} s; run folder: {config.output_dir}")
 
 

@@ -527,6 +527,28 @@ def _scalars(folder):
     return found
 
 
+def test_a_config_file_value_out_of_range_names_the_file(tmp_path, capsys):
+    """A range error of a setting the --config file gave says so (it used to
+    read as if a flag were wrong); the same value given as a flag does not
+    name the file; nothing is written."""
+    config = tmp_path / "settings.yaml"
+    config.write_text("train_src: a.txt\ntrain_tgt: b.txt\ndropout_rate: 1.5\nd_model: 0\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert f"(set by d_model in --config {config})" in err, err
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config), "--d-model", "64", "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert f"got 1.5. (set by dropout_rate in --config {config})" in err, err
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config), "--d-model", "64", "--dropout-rate", "1.25",
+              "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "got 1.25." in err and "--config" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     """`train --config FILE` (YAML) takes the file's settings with flags on
