@@ -202,35 +202,10 @@ def _translator_object(args):
         _check_saved_model_args(args)
         check_saved_model_folder(args.saved_model)  # before TensorFlow starts
         _import_backend_quietly()
-        _set_search_threads(_exported_parallel_searches(args.saved_model))
         from keras_transformer.loading import SavedModelTranslator
 
-        return SavedModelTranslator(args.saved_model)
+        return SavedModelTranslator(args.saved_model)  # sets the export's search threads
     return _translator(args, set_threads=True)
-
-
-def _exported_parallel_searches(path):
-    """The `parallel_searches` a SavedModel was exported with (1 if none)."""
-    try:
-        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as f:
-            return int(json.load(f)["decoding"].get("parallel_searches") or 1)
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1
-
-
-def _set_search_threads(parallel_searches):
-    """Give each of `parallel_searches` search loops a core of its own: that
-    many TensorFlow inter-op threads of one intra-op thread each (what an
-    export's `tf_serving_flags` ask TF Serving for). Only before TensorFlow
-    runs its first op; a no-op after (a second `main` in one process)."""
-    if parallel_searches > 1:
-        import tensorflow as tf
-
-        try:
-            tf.config.threading.set_inter_op_parallelism_threads(parallel_searches)
-            tf.config.threading.set_intra_op_parallelism_threads(1)
-        except RuntimeError:
-            pass
 
 
 def _check_search_flags(args):
@@ -310,7 +285,9 @@ def _translator(args, set_threads=False):
     check_run_folder(args.run)  # before TensorFlow starts
     _import_backend_quietly()
     if set_threads:
-        _set_search_threads(settings["parallel_searches"])
+        from keras_transformer.loading import set_search_threads
+
+        set_search_threads(settings["parallel_searches"])
     from keras_transformer.training import load_run
     from keras_transformer.translator import Translator
 

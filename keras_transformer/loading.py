@@ -11,11 +11,65 @@ from keras_transformer.translator import translate_lines
 from keras_transformer.translator import translate_n_best
 
 
+def exported_parallel_searches(path):
+    """The `parallel_searches` the SavedModel at `path` was exported with
+    (from its `keras_transformer.json`; 1 if it records none)."""
+    try:
+        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as f:
+            return int(json.load(f)["decoding"].get("parallel_searches") or 1)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 1
+
+
+def set_search_threads(parallel_searches):
+    """Give each of `parallel_searches` search loops a core of its own: that
+    many TensorFlow inter-op threads of one intra-op thread each (what an
+    export's `tf_serving_flags` ask TF Serving for).
+
+    TensorFlow takes thread settings only before it runs its first op; after
+    that, unless they already are these, a `UserWarning` says how to set them.
+    Does nothing for `parallel_searches` 1.
+
+    Args:
+        parallel_searches: int, the search loops of a batch.
+
+    Returns:
+        bool, whether TensorFlow now runs with those threads.
+    """
+    if parallel_searches <= 1:
+        return True
+    import tensorflow as tf
+
+    threading = tf.config.threading
+    try:
+        threading.set_inter_op_parallelism_threads(parallel_searches)
+        threading.set_intra_op_parallelism_threads(1)
+        return True
+    except RuntimeError:
+        if (threading.get_inter_op_parallelism_threads(),
+                threading.get_intra_op_parallelism_threads()) == (parallel_searches, 1):
+            return True
+        import warnings
+
+        warnings.warn(
+            f"This model splits each batch into {parallel_searches} search loops, which run at the "
+            f"same time only with {parallel_searches} TensorFlow inter-op threads of one intra-op "
+            "thread each, and TensorFlow has already started with other threads, so they share its "
+            "default pool (about as fast as one search). Load the model before TensorFlow runs an "
+            f"op, or call tf.config.threading.set_inter_op_parallelism_threads({parallel_searches}) "
+            "and set_intra_op_parallelism_threads(1) first.",
+            stacklevel=3,
+        )
+        return False
+
+
 class SavedModelTranslator:
     """A SavedModel written by `export_translator` (or `keras-transformer
     export`), loaded to translate strings; it needs only TensorFlow and
     tensorflow_text, as TF Serving does. The search (beam size, length
-    penalty) is the one fixed at export.
+    penalty) is the one fixed at export. An export with `parallel_searches`
+    N sets TensorFlow's threads to N inter-op of one intra-op each, as TF
+    Serving's flags for it do (see `set_search_threads`).
 
     Args:
         path: str, the SavedModel folder (it holds `saved_model.pb`).
@@ -29,6 +83,7 @@ class SavedModelTranslator:
         import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
         check_saved_model_folder(path)
+        set_search_threads(exported_parallel_searches(path))
         self.path = path
         self._loaded = tf.saved_model.load(path)
         self._signatures = self._loaded.signatures

@@ -971,23 +971,35 @@ def test_more_parallel_searches_than_cores_is_warned(tmp_path, capsys, monkeypat
 
 
 THREADS_SCRIPT = r"""
-import sys
+import sys, warnings
 import tensorflow as tf
-from keras_transformer import cli
-tf.config.list_physical_devices()  # as the CLI's import does
-cli._set_search_threads(cli._exported_parallel_searches(sys.argv[1]))
+from keras_transformer.loading import SavedModelTranslator
+if sys.argv[2] == "started":
+    tf.constant(1.0) + 1.0  # TensorFlow has run an op: too late to set threads
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        SavedModelTranslator(sys.argv[1])
+    except Exception as error:  # the folder's saved_model.pb is a stand-in
+        print("load failed:", type(error).__name__)
+print(*[str(w.message)[:60] for w in caught], sep="\n")
 print(tf.config.threading.get_inter_op_parallelism_threads(), tf.config.threading.get_intra_op_parallelism_threads())
 """
 
 
-def test_an_export_with_parallel_searches_gets_its_threads_in_the_cli(tmp_path):
-    """translate/evaluate --saved-model of an export with parallel_searches 2
-    run TensorFlow with 2 inter-op threads of 1 intra-op thread; one without
-    keeps TensorFlow's defaults (0, 0)."""
-    for parts, want in ((2, "2 1"), (1, "0 0")):
+def test_an_export_with_parallel_searches_gets_its_threads(tmp_path):
+    """Loading an export with parallel_searches 2 (the CLI's --saved-model,
+    kt.load_translator) runs TensorFlow with 2 inter-op threads of 1
+    intra-op thread, set before the graph loads; one without keeps
+    TensorFlow's defaults (0, 0); when TensorFlow has already started, a
+    warning says how to set them."""
+    for parts, state, want in ((2, "fresh", "2 1"), (1, "fresh", "0 0"), (2, "started", "0 0")):
         folder = tmp_path / f"export{parts}"
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)
+        (folder / "saved_model.pb").write_bytes(b"")
         (folder / "keras_transformer.json").write_text(json.dumps({"decoding": {"parallel_searches": parts}}))
-        out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(folder)], capture_output=True, text=True,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True)
+        out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(folder), state], capture_output=True,
+                             text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True)
         assert out.stdout.split()[-2:] == want.split(), out.stdout
+        warned = "This model splits each batch into 2 search loops" in out.stdout
+        assert warned == (state == "started"), out.stdout
