@@ -558,16 +558,11 @@ def translate_n_best(serve_n_best, lines, n, batch_size=64, distinct=True):
             )
         rows = []
         for row_t, row_s in zip(translations, scores):
-            kept = {}
-            for t, s in zip(row_t if distinct else row_t[:n], row_s):
-                text = t.decode("utf-8")
-                if not distinct:
-                    kept[len(kept)] = (text, float(s))
-                elif text not in kept:  # best first: the first of a text has its best score
-                    kept[text] = (text, float(s))
-                if len(kept) == n:
-                    break
-            rows.append(list(kept.values()))
+            found = [(t.decode("utf-8"), float(s)) for t, s in zip(row_t, row_s)]
+            if distinct:  # best first: the first hypothesis of a text has its best score
+                texts = [text for text, _ in found]
+                found = [pair for i, pair in enumerate(found) if pair[0] not in texts[:i]]
+            rows.append(found[:n])
         return rows
 
     return _by_length(rows_of, lines, batch_size, False)
