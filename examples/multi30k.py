@@ -67,7 +67,7 @@ def config_for(args):
     return TrainingConfig(
         train_src=train_src, train_tgt=train_tgt, val_src=val_src, val_tgt=val_tgt,
         output_dir=args.run, preset="small", num_layers=4, d_model=128, num_heads=4, dff=512,
-        src_vocab_size=8000, tgt_vocab_size=8000,
+        src_vocab_size=args.vocab_size, tgt_vocab_size=args.vocab_size,
         shared_vocab=True, tie_embeddings="all", dropout_rate=args.dropout_rate,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
         norm_first=args.norm_first,
@@ -106,6 +106,8 @@ def recipe_flags(tc, mc):
         flags += f" --dropout-rate {mc['dropout_rate']:g}"
     if tc.get("seed", 0) != 0:
         flags += f" --seed {tc['seed']}"
+    if tc.get("src_vocab_size", 8000) != 8000:
+        flags += f" --vocab-size {tc['src_vocab_size']}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -339,6 +341,8 @@ def build_parser():
                         help="dropout on the embeddings and sub-layer outputs (the recipe: 0.2)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed of the weights, dropout and batch order (the recipe: 0)")
+    parser.add_argument("--vocab-size", type=int, default=8000,
+                        help="pieces of the SentencePiece model shared by both sides (the recipe: 8000)")
     return parser
 
 

@@ -27,12 +27,13 @@ def config(script, flags):
 def test_defaults_are_the_recipe(script):
     c = config(script, "")
     assert (c.dropout_rate, c.attention_dropout_rate, c.activation_dropout_rate, c.seed) == (0.2, 0.1, 0.1, 0)
+    assert (c.src_vocab_size, c.tgt_vocab_size, c.shared_vocab) == (8000, 8000, True)
     assert script.recipe_flags(dataclasses.asdict(c), {"dropout_rate": c.dropout_rate}) == ""
 
 
 @pytest.mark.parametrize("flags", [
     "--dropout-rate 0.3 --seed 7",
-    "--warmup-steps 2000 --lr-scale 2 --norm-first --subword-alpha 0.3 --dropout-rate 0.25 --seed 1",
+    "--warmup-steps 2000 --lr-scale 2 --norm-first --subword-alpha 0.3 --dropout-rate 0.25 --vocab-size 5000 --seed 1",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)
