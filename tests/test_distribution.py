@@ -14,6 +14,23 @@ import pytest
 
 from keras_transformer.distribution import data_parallel_scope
 
+
+def backend_env(backend):
+    """The subprocess environment: on jax, two host devices, and collectives
+    that wait rather than abort (on 2 cores with other work beside it, one
+    device's thread can reach an all-reduce long after the other, and XLA's
+    CPU rendezvous gives up after tens of seconds by default). tensorflow
+    splits its CPU in the script itself."""
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    if backend == "jax":
+        env["XLA_FLAGS"] = " ".join([
+            "--xla_force_host_platform_device_count=2",
+            "--xla_cpu_collective_timeout_seconds=900",
+            "--xla_cpu_collective_call_terminate_timeout_seconds=900",
+        ])
+    return env
+
+
 SCRIPT = r"""
 import json, os
 backend = os.environ["KERAS_BACKEND"]
@@ -81,7 +98,7 @@ print("RESULT " + json.dumps({
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_one_data_parallel_step_on_two_devices_equals_one_device(backend):
     pytest.importorskip(backend)
-    env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = backend_env(backend)
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
     )
@@ -145,7 +162,7 @@ def test_train_with_data_parallel_on_two_devices_runs_an_epoch(backend, data, tm
     padded with all-padding rows to an even split, train for an epoch (with
     validation for "odd") and log a finite loss."""
     pytest.importorskip(backend)
-    env = dict(os.environ, KERAS_BACKEND=backend, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = backend_env(backend)
     done = subprocess.run(
         [sys.executable, "-c", TRAIN_SCRIPT, str(tmp_path), data], env=env, capture_output=True,
         text=True, timeout=600,
