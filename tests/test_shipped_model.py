@@ -106,18 +106,19 @@ def test_shipped_model_translates_whitespace_and_unicode_variants_alike(multi30k
 
 
 def test_n_best_of_the_shipped_model_has_no_text_twice():
-    """The README's n-best example: the shipped en-de model's 5 hypotheses
-    for "A dog runs." hold the same text under other subword segmentations;
-    `translate_n_best` lists each text once, best first, and its first
-    equals the plain translation."""
+    """The shipped en-de model's 5 hypotheses for "A dog is running." hold
+    the same text under other subword segmentations (not next to each
+    other: "rennt." first, third and fourth); `translate_n_best` lists each
+    text once, at its best score, best first, and its first equals the
+    plain translation."""
     import keras_transformer as kt
 
     translator = kt.load_translator(str(SHIPPED))
-    raw = translator.translate_n_best(["A dog runs."], 5, distinct=False)[0]
+    raw = translator.translate_n_best(["A dog is running."], 5, distinct=False)[0]
     texts = [t for t, _ in raw]
     assert len(set(texts)) < len(texts), texts  # the case this guards: repeats exist
-    found = translator.translate_n_best(["A dog runs."], 5)[0]
+    found = translator.translate_n_best(["A dog is running."], 5)[0]
     assert [t for t, _ in found] == list(dict.fromkeys(texts))
     assert [s for _, s in found] == [s for t, s in raw if t in dict(found) and dict(found)[t] == s]
-    assert found[0][0] == translator.translate_lines(["A dog runs."])[0]
+    assert found[0][0] == translator.translate_lines(["A dog is running."])[0]
 
