@@ -66,7 +66,8 @@ def config_for(args):
     (train_src, train_tgt), (val_src, val_tgt) = files(args, "train"), files(args, "val")
     return TrainingConfig(
         train_src=train_src, train_tgt=train_tgt, val_src=val_src, val_tgt=val_tgt,
-        output_dir=args.run, preset="small", num_layers=4, d_model=128, num_heads=4, dff=512,
+        output_dir=args.run, preset="small", num_layers=args.num_layers, d_model=args.d_model,
+        num_heads=4, dff=args.dff,
         src_vocab_size=args.vocab_size, tgt_vocab_size=args.vocab_size,
         shared_vocab=True, tie_embeddings="all", dropout_rate=args.dropout_rate,
         attention_dropout_rate=0.1, activation_dropout_rate=0.1,
@@ -108,6 +109,10 @@ def recipe_flags(tc, mc):
         flags += f" --seed {tc['seed']}"
     if tc.get("src_vocab_size", 8000) != 8000:
         flags += f" --vocab-size {tc['src_vocab_size']}"
+    for flag, key, recipe in (("--d-model", "d_model", 128), ("--num-layers", "num_layers", 4),
+                              ("--dff", "dff", 512)):
+        if mc.get(key, recipe) != recipe:
+            flags += f" {flag} {mc[key]}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -285,7 +290,7 @@ set was translated once, by the chosen SavedModel.
   tied embeddings: {mc.get('tie_embeddings', 'none')}; cased, no lowercasing.
 - Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
   scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)} length-bucketed batches of about
-  {tc['tokens_per_batch']} tokens per side, seed {tc['seed']}; early stopping patience
+  {tc['tokens_per_batch']} tokens per side, dtype policy `{mc.get('dtype', 'float32')}`, seed {tc['seed']}; early stopping patience
   {tc.get('early_stopping_patience')}; the last {tc.get('average_last')} epoch checkpoints averaged.
 - Trained {m['epochs_trained']} epochs ({m['steps']} steps); best validation loss at
   epoch {m['best_epoch']}; shipped checkpoint: `{m['checkpoint']}`.
@@ -341,6 +346,13 @@ def build_parser():
                         help="dropout on the embeddings and sub-layer outputs (the recipe: 0.2)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed of the weights, dropout and batch order (the recipe: 0)")
+    parser.add_argument("--d-model", type=int, default=128,
+                        help="model width; 256 or more trains in mixed_bfloat16 on a CPU with bfloat16 "
+                             "instructions (the recipe: 128)")
+    parser.add_argument("--num-layers", type=int, default=4,
+                        help="encoder layers, and as many decoder layers (the recipe: 4)")
+    parser.add_argument("--dff", type=int, default=512,
+                        help="feed-forward width (the recipe: 512)")
     parser.add_argument("--vocab-size", type=int, default=8000,
                         help="pieces of the SentencePiece model shared by both sides (the recipe: 8000)")
     return parser
