@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer.data import make_synthetic_corpus
 from keras_transformer.data import read_lines
@@ -453,3 +454,24 @@ def test_sample_on_a_bpe_model_is_bpe_dropout(corpus):
         assert bpe.detokenize(ids).numpy().tolist() == bpe.detokenize(fixed).numpy().tolist()
         lengths[alpha] = int(ids.flat_values.shape[0])
     assert lengths[0.5] > lengths[0.1] > int(fixed.flat_values.shape[0])
+
+
+def test_sampling_leaves_what_a_savedmodel_holds_unchanged(tokenizer, tmp_path):
+    """`sample` keeps one sampler per alpha out of the tracked state: a
+    tokenizer saved after sampling saves the same objects as before it, and
+    still tokenizes with the fixed segmentation."""
+
+    def saved_nodes(module, path):
+        tf.saved_model.save(module, str(path))
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString((path / "saved_model.pb").read_bytes())
+        return len(proto.meta_graphs[0].object_graph_def.nodes)
+
+    fresh = SubwordTokenizer(tokenizer.proto)
+    before = saved_nodes(fresh, tmp_path / "before")
+    for alpha in (0.1, 0.1, 0.5):
+        fresh.sample(["Der Hund."], alpha)
+    assert len(fresh._samplers) == 2  # built once per alpha
+    assert saved_nodes(fresh, tmp_path / "after") == before
+    sentences = ["Ein Hund rennt im Park.", "Zwei Kinder spielen."]
+    assert to_lists(fresh.tokenize(sentences)) == to_lists(tokenizer.tokenize(sentences))

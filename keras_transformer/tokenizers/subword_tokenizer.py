@@ -208,6 +208,9 @@ class SubwordTokenizer(tf.Module):
         self._tokenizer._model_resource = _SharedSentencepieceResource(
             proto, name
         )
+        # Samplers built by `sample`, one per `alpha`; not tracked, so an
+        # export after sampling saves what one before it saves.
+        object.__setattr__(self, "_samplers", {})
 
     @property
     def vocab_size(self):
@@ -293,13 +296,17 @@ class SubwordTokenizer(tf.Module):
         """
         check_alpha(alpha)
         inputs = self._check_rank(inputs, "sample")
-        sampler = tf_text.SentencepieceTokenizer(
-            model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=float(alpha)
-        )
-        # The op reads the sampling settings from the Python object and the
-        # model from its resource: share this tokenizer's resource (see
-        # `__init__`) rather than keeping a second, kernel-private one.
-        sampler._model_resource = self._tokenizer._model_resource
+        sampler = self._samplers.get(float(alpha))
+        if sampler is None:
+            sampler = tf_text.SentencepieceTokenizer(
+                model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=float(alpha)
+            )
+            # The op reads the sampling settings from the Python object and
+            # the model from its resource: share this tokenizer's resource
+            # (see `__init__`) rather than keeping a second, kernel-private
+            # one. One sampler per `alpha`, built on first use.
+            sampler._model_resource = self._tokenizer._model_resource
+            self._samplers[float(alpha)] = sampler
         return sampler.tokenize(prepare_text(inputs, self._lowercase))
 
     def detokenize(self, ids):
