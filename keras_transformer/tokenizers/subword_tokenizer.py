@@ -296,17 +296,18 @@ class SubwordTokenizer(tf.Module):
         """
         check_alpha(alpha)
         inputs = self._check_rank(inputs, "sample")
-        sampler = self._samplers.get(float(alpha))
+        alpha = float(alpha)
+        sampler = self._samplers.get(alpha)
         if sampler is None:
             sampler = tf_text.SentencepieceTokenizer(
-                model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=float(alpha)
+                model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=alpha
             )
             # The op reads the sampling settings from the Python object and
             # the model from its resource: share this tokenizer's resource
             # (see `__init__`) rather than keeping a second, kernel-private
             # one. One sampler per `alpha`, built on first use.
             sampler._model_resource = self._tokenizer._model_resource
-            self._samplers[float(alpha)] = sampler
+            self._samplers[alpha] = sampler
         return sampler.tokenize(prepare_text(inputs, self._lowercase))
 
     def detokenize(self, ids):
