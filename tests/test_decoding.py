@@ -397,7 +397,7 @@ def test_growing_caches_give_the_fixed_caches_results(parts):
         want, fixed_caches = parts.decode_step(target[:, t], t, fixed_caches, cross, mask)
         got, grown = growing.decode_step(target[:, t], t, grown, cross, mask)
         np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
-        assert tuple(grown[0][0].shape) == (2, parts.num_heads, parts.key_dim, t + 1)
+        assert tuple(grown[0][0].shape) == (2, parts.num_heads, t + 1, parts.key_dim)
         assert tuple(grown[0][1].shape) == (2, parts.num_heads, t + 1, parts.key_dim)
 
     # Beam search also drops the sentences that are done from the batch:

@@ -28,15 +28,21 @@ def available(jit_compile=False):
 
 
 def empty_growing_cache(batch_size, num_heads, key_dim, dtype):
-    """Zero-length `(key (batch, heads, key_dim, 0), value (batch, heads, 0,
+    """Zero-length `(key (batch, heads, 0, key_dim), value (batch, heads, 0,
     key_dim))` whose length axis is unknown to the graph, so a
-    `tf.while_loop` accepts it growing."""
+    `tf.while_loop` accepts it growing.
+
+    Unlike the fixed-size caches, the keys are not transposed: a step
+    appends one row of `key_dim` values to each head's block instead of one
+    value to each of `key_dim` rows, a copy several times cheaper, and the
+    attention multiplies by their transpose within the product
+    (`single_query_attention(..., keys_transposed=False)`)."""
     import tensorflow as tf
 
-    key = tf.zeros((batch_size, num_heads, key_dim, 0), dtype)
+    key = tf.zeros((batch_size, num_heads, 0, key_dim), dtype)
     value = tf.zeros((batch_size, num_heads, 0, key_dim), dtype)
     return (
-        tf.raw_ops.PlaceholderWithDefault(input=key, shape=[None, num_heads, key_dim, None]),
+        tf.raw_ops.PlaceholderWithDefault(input=key, shape=[None, num_heads, None, key_dim]),
         tf.raw_ops.PlaceholderWithDefault(input=value, shape=[None, num_heads, None, key_dim]),
     )
 

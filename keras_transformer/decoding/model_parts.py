@@ -75,7 +75,8 @@ class TransformerParts:
 
     def empty_self_caches(self, batch_size, length, dtype):
         """Per decoder layer zero `(key (batch, heads, key_dim, length), value
-        (batch, heads, length, key_dim))` caches (length 0 when growing)."""
+        (batch, heads, length, key_dim))` caches; growing: `(key (batch,
+        heads, 0, key_dim), value (batch, heads, 0, key_dim))`."""
         if self.growing_cache:
             return [
                 empty_growing_cache(batch_size, self.num_heads, self.key_dim, dtype)

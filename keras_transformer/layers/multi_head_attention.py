@@ -97,7 +97,7 @@ def attention_bias(mask):
     return ops.where(ops.cast(mask, "bool"), 0.0, _MASK_VALUE)
 
 
-def single_query_attention(query, key, value, mask=None, keep=None):
+def single_query_attention(query, key, value, mask=None, keep=None, keys_transposed=True):
     """Attention of one query per row over cached keys (incremental decoding).
 
     The same function as `scaled_dot_product_attention` for a query length of
@@ -110,7 +110,10 @@ def single_query_attention(query, key, value, mask=None, keep=None):
         query: `(batch, num_heads, 1, key_dim)`, scaled; or `(batch,
             num_heads, beams, key_dim)`: several queries against the same
             keys (the beams of one source in cross-attention).
-        key: `(batch, num_heads, key_dim, key_length)` (keys transposed).
+        key: `(batch, num_heads, key_dim, key_length)` (keys transposed),
+            or `(batch, num_heads, key_length, key_dim)` with
+            `keys_transposed=False` (a cache that grows along the length
+            axis appends whole rows: `decoding.growing_cache`).
         value: `(batch, num_heads, key_length, value_dim)`.
         mask: optional bool, broadcastable to `(batch, num_heads, 1,
             key_length)` (`beams` for 1), True where attention is allowed; blocked scores
@@ -118,6 +121,7 @@ def single_query_attention(query, key, value, mask=None, keep=None):
         keep: optional bool `(batch, 1, 1, 1)`, False for rows whose keys are
             all blocked: their weights become exactly zero, as in
             `masked_softmax`.
+        keys_transposed: bool (default True), the layout of `key`.
 
     Returns:
         `(output (batch, num_heads, 1, value_dim), weights (batch,
@@ -127,7 +131,11 @@ def single_query_attention(query, key, value, mask=None, keep=None):
     References:
         Vaswani et al. (2017), section 3.2.1, equation (1).
     """
-    scores = ops.cast(ops.matmul(query, key), "float32")
+    if keys_transposed:
+        scores = ops.matmul(query, key)
+    else:  # one batched product with the keys' transpose folded in (no copy)
+        scores = ops.einsum("bhqd,bhkd->bhqk", query, key)
+    scores = ops.cast(scores, "float32")
     if mask is not None:
         scores = ops.where(mask, scores, _MASK_VALUE)
     scores = scores - ops.max(scores, axis=-1, keepdims=True)

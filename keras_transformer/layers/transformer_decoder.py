@@ -141,7 +141,9 @@ class TransformerDecoder(TransformerBlock):
             weights `(batch, heads, source_length)` only).
         self_attention_cache: cached decoding: `(key (batch, heads, key_dim,
             cache_length), value (batch, heads, cache_length, key_dim))`, from
-            `empty_cache` or the previous step; `inputs` is then
+            `empty_cache` or the previous step (a growing cache,
+            `decoding.growing_cache`, keeps keys `(batch, heads,
+            cache_length, key_dim)`); `inputs` is then
             `(batch, 1, d_model)`, the embedded token at
             `self_attention_cache_update_index`. No dropout.
         self_attention_cache_update_index: scalar int, the new token's
@@ -323,6 +325,9 @@ class TransformerDecoder(TransformerBlock):
     # cache. The caches keep keys transposed, `(batch, heads, key_dim,
     # length)`, and values as `(batch, heads, length, value_dim)`, so each
     # attention is two plain batched matmuls with no transposes in the loop.
+    # A growing cache (tensorflow without XLA) appends a position a step,
+    # which on the transposed layout copies a few floats per key_dim row:
+    # it keeps keys as `(batch, heads, length, key_dim)` instead.
 
     def empty_cache(self, batch_size, length, dtype=None):
         """Zero self-attention caches for `length` positions.
@@ -447,12 +452,13 @@ class TransformerDecoder(TransformerBlock):
         def self_attend(x):
             projected = self.self_attention.step_projection(x, weights["self"])
             query, key, value = ops.split(projected, 3, axis=-1)
-            key = ops.cast(ops.reshape(key, (-1, heads, key_dim, 1)), self_key_cache.dtype)
             value = ops.cast(ops.reshape(value, (-1, heads, 1, key_dim)), self_value_cache.dtype)
-            if slot is None:  # a growing cache: append the new position
-                caches["key"] = ops.concatenate([self_key_cache, key], axis=-1)
+            if slot is None:  # a growing cache, keys `(batch, heads, length, key_dim)`: append
+                key = ops.cast(ops.reshape(key, (-1, heads, 1, key_dim)), self_key_cache.dtype)
+                caches["key"] = ops.concatenate([self_key_cache, key], axis=2)
                 caches["value"] = ops.concatenate([self_value_cache, value], axis=2)
-            else:  # a fixed-size cache: write the slot at `index`
+            else:  # a fixed-size cache, keys transposed: write the slot at `index`
+                key = ops.cast(ops.reshape(key, (-1, heads, key_dim, 1)), self_key_cache.dtype)
                 caches["key"] = ops.where(ops.reshape(slot, (1, 1, 1, -1)), key, self_key_cache)
                 caches["value"] = ops.where(ops.reshape(slot, (1, 1, -1, 1)), value, self_value_cache)
             attended, _ = single_query_attention(
@@ -460,6 +466,7 @@ class TransformerDecoder(TransformerBlock):
                 caches["key"],
                 caches["value"],
                 masks["self"],
+                keys_transposed=slot is not None,
             )
             return self.self_attention.step_output(attended, weights["self"])
 
