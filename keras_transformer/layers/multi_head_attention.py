@@ -295,9 +295,24 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.query_dense(query)
 
     def project_key_value(self, value, key=None):
-        """Keys and values `(batch, length, num_heads, key_dim|value_dim)`."""
-        key = value if key is None else key
-        return self.key_dense(key), self.value_dense(value)
+        """Keys and values `(batch, length, num_heads, key_dim|value_dim)`.
+
+        Keys and values of one tensor (`key` None: the encoder outputs of a
+        cross-attention) come from one fused `(d_model, h * (key_dim +
+        value_dim))` product, as `project_self_attention` does for Q, K and
+        V; a `quantized` layer calls its projections.
+        """
+        if key is not None or self.quantized:
+            key = value if key is None else key
+            return self.key_dense(key), self.value_dense(value)
+        kernel, bias = self.input_projection(("key", "value"), scale_query=False)
+        fused = self._matmul(value, kernel, bias)
+        key, value = ops.split(fused, [self.num_heads * self.key_dim], axis=-1)
+        batch, length = ops.shape(fused)[0], ops.shape(fused)[1]
+        return (
+            ops.reshape(key, (batch, length, self.num_heads, self.key_dim)),
+            ops.reshape(value, (batch, length, self.num_heads, self.value_dim)),
+        )
 
     @property
     def quantized(self):
