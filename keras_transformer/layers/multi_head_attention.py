@@ -292,7 +292,10 @@ class MultiHeadAttention(keras.layers.Layer):
     # one new token, keep keys and values in a cache, and attend over it.
     def project_query(self, query):
         """`(batch, length, d_model)` -> `(batch, length, num_heads, key_dim)`."""
-        return self.query_dense(query)
+        if self.quantized:
+            return self.query_dense(query)
+        projected = self._matmul(query, *self.input_projection(("query",), scale_query=False))
+        return ops.reshape(projected, (ops.shape(query)[0], ops.shape(query)[1], self.num_heads, self.key_dim))
 
     def project_key_value(self, value, key=None):
         """Keys and values `(batch, length, num_heads, key_dim|value_dim)`.
@@ -485,7 +488,22 @@ class MultiHeadAttention(keras.layers.Layer):
             num_heads, query_length, key_length) float32)`.
         """
         attended, weights = self._attend_heads(query, key, value, mask, training)
-        return self.output_dense(attended), weights
+        return self.project_output(attended), weights
+
+    def project_output(self, attended):
+        """W^O on the heads: `(batch, length, num_heads, value_dim)` ->
+        `(batch, length, output_dim)`.
+
+        One product with the heads flattened (`output_projection`): the
+        same function as the `attention_output` EinsumDense, which on
+        tensorflow runs as a broadcast batched product several times slower;
+        a `quantized` layer calls the EinsumDense.
+        """
+        if self.quantized:
+            return self.output_dense(attended)
+        kernel, bias = self.output_projection()
+        batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
+        return self._matmul(ops.reshape(attended, (batch, length, kernel.shape[0])), kernel, bias)
 
     def call(
         self,
