@@ -294,27 +294,45 @@ class MultiHeadAttention(keras.layers.Layer):
         """`(batch, length, d_model)` -> `(batch, length, num_heads, key_dim)`."""
         if self.quantized:
             return self.query_dense(query)
-        projected = self._matmul(query, *self.input_projection(("query",), scale_query=False))
-        return ops.reshape(projected, (ops.shape(query)[0], ops.shape(query)[1], self.num_heads, self.key_dim))
+        return self.project_heads(query, ("query",))[0]
 
     def project_key_value(self, value, key=None):
         """Keys and values `(batch, length, num_heads, key_dim|value_dim)`.
 
         Keys and values of one tensor (`key` None: the encoder outputs of a
-        cross-attention) come from one fused `(d_model, h * (key_dim +
-        value_dim))` product, as `project_self_attention` does for Q, K and
-        V; a `quantized` layer calls its projections.
+        cross-attention) come from one fused product (`project_heads`); a
+        `quantized` layer calls its projections.
         """
         if key is not None or self.quantized:
             key = value if key is None else key
             return self.key_dense(key), self.value_dense(value)
-        kernel, bias = self.input_projection(("key", "value"), scale_query=False)
-        fused = self._matmul(value, kernel, bias)
-        key, value = ops.split(fused, [self.num_heads * self.key_dim], axis=-1)
+        return self.project_heads(value, ("key", "value"))
+
+    def project_heads(self, inputs, parts):
+        """The named projections of `inputs` as one matmul (`input_projection`).
+
+        The kernels are concatenated along the output axis (the variables stay
+        separate, in `keras.layers.MultiHeadAttention`'s layout), so one
+        `(d_model, sum of h * depth)` product replaces one per part; on
+        tensorflow it is also several times faster than the parts'
+        `EinsumDense` calls, which run as broadcast batched products.
+
+        Args:
+            inputs: `(batch, length, d_model)`.
+            parts: names among `"query"`, `"key"`, `"value"`.
+
+        Returns:
+            tuple, per part `(batch, length, num_heads, key_dim | value_dim)`;
+            a query is not yet scaled.
+        """
+        kernel, bias = self.input_projection(parts, scale_query=False)
+        fused = self._matmul(inputs, kernel, bias)
+        depths = [self.value_dim if part == "value" else self.key_dim for part in parts]
+        ends = [self.num_heads * sum(depths[:i + 1]) for i in range(len(parts) - 1)]
+        pieces = ops.split(fused, ends, axis=-1) if ends else [fused]
         batch, length = ops.shape(fused)[0], ops.shape(fused)[1]
-        return (
-            ops.reshape(key, (batch, length, self.num_heads, self.key_dim)),
-            ops.reshape(value, (batch, length, self.num_heads, self.value_dim)),
+        return tuple(
+            ops.reshape(piece, (batch, length, self.num_heads, depth)) for piece, depth in zip(pieces, depths)
         )
 
     @property
@@ -431,11 +449,8 @@ class MultiHeadAttention(keras.layers.Layer):
         return self._matmul(ops.reshape(attended, (-1, kernel.shape[0])), kernel, weights["output_bias"])
 
     def project_self_attention(self, inputs):
-        """Q, K and V of a self-attention with one fused matmul.
-
-        The three kernels are concatenated along the output axis (the
-        variables stay separate, in `keras.layers.MultiHeadAttention`'s
-        layout), so one `(d_model, 3 * h * d_k)` product replaces three.
+        """Q, K and V of a self-attention with one fused matmul
+        (`project_heads`).
 
         Args:
             inputs: `(batch, length, d_model)`.
@@ -444,16 +459,7 @@ class MultiHeadAttention(keras.layers.Layer):
             `(query, key, value)`, each `(batch, length, num_heads, key_dim
             | value_dim)`; the query is not yet scaled.
         """
-        kernel, bias = self.input_projection(("query", "key", "value"), scale_query=False)
-        fused = self._matmul(inputs, kernel, bias)
-        qk = self.num_heads * self.key_dim
-        query, key, value = ops.split(fused, [qk, 2 * qk], axis=-1)
-        batch, length = ops.shape(fused)[0], ops.shape(fused)[1]
-        return (
-            ops.reshape(query, (batch, length, self.num_heads, self.key_dim)),
-            ops.reshape(key, (batch, length, self.num_heads, self.key_dim)),
-            ops.reshape(value, (batch, length, self.num_heads, self.value_dim)),
-        )
+        return self.project_heads(inputs, ("query", "key", "value"))
 
     @staticmethod
     def _matmul(x, kernel, bias):
