@@ -67,6 +67,54 @@ def test_multi_head_attention_matches_keras_oracle():
     np.testing.assert_allclose(to_numpy(got), to_numpy(want), atol=1e-5)
 
 
+@pytest.mark.parametrize("value_dim", [None, 12])
+def test_fused_projections_equal_the_einsum_dense_layers(value_dim):
+    """`project_heads` (one product for any of Q, K and V), `project_key_value`
+    and `project_output` give what the layer's own `query`, `key`, `value` and
+    `attention_output` EinsumDense layers give, biases and d_v != d_k
+    included; and with d_v = d_k the whole call equals Keras's layer with the
+    same weights (Keras's own layer fails on jax with d_v != d_k)."""
+    rng = np.random.default_rng(5)
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=value_dim)
+    x = rng.normal(size=(3, 4, 16)).astype("float32")
+    memory = rng.normal(size=(3, 5, 16)).astype("float32")
+    layer(x, memory)
+    for variable in layer.weights:  # nonzero biases too
+        variable.assign(rng.normal(size=variable.shape).astype("float32"))
+    heads = layer.project_heads(x, ("query", "key", "value"))
+    for got, dense in zip(heads, (layer.query_dense, layer.key_dense, layer.value_dense)):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(dense(x)), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(to_numpy(layer.project_query(x)), to_numpy(layer.query_dense(x)), rtol=1e-5, atol=1e-4)
+    for got, dense in zip(layer.project_key_value(memory), (layer.key_dense, layer.value_dense)):
+        np.testing.assert_allclose(to_numpy(got), to_numpy(dense(memory)), rtol=1e-5, atol=1e-4)
+    attended = rng.normal(size=(3, 4, 2, value_dim or 8)).astype("float32")
+    np.testing.assert_allclose(
+        to_numpy(layer.project_output(attended)), to_numpy(layer.output_dense(attended)), rtol=1e-5, atol=1e-4
+    )
+    if value_dim is None:
+        oracle = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
+        oracle(x, memory)
+        oracle.set_weights(layer.get_weights())
+        for value in (x, memory):
+            np.testing.assert_allclose(to_numpy(layer(x, value)), to_numpy(oracle(x, value)), rtol=1e-5, atol=1e-4)
+
+
+def test_fused_projections_take_float32_inputs_under_mixed_precision():
+    """Like the EinsumDense calls they replace, the fused projections cast
+    their inputs to the compute dtype: a float32 tensor (encoder outputs
+    computed elsewhere) into a `mixed_float16` layer gives float16 keys and
+    values, not a dtype error."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype="mixed_float16")
+    x = np.random.default_rng(6).normal(size=(2, 3, 8)).astype("float32")
+    layer(x, x)
+    key, value = layer.project_key_value(x)
+    assert keras.backend.standardize_dtype(key.dtype) == "float16"
+    np.testing.assert_allclose(to_numpy(key).astype("float32"), to_numpy(layer.key_dense(x)).astype("float32"), atol=2e-2)
+    np.testing.assert_allclose(to_numpy(value).astype("float32"), to_numpy(layer.value_dense(x)).astype("float32"), atol=2e-2)
+    attended = np.ones((2, 3, 2, 4), "float32")
+    assert keras.backend.standardize_dtype(layer.project_output(attended).dtype) == "float16"
+
+
 def test_c08_fully_masked_rows_are_finite_with_finite_gradients():
     """C08: a query whose keys are all masked gives finite output and grads."""
     layer = MultiHeadAttention(num_heads=2, key_dim=4)

@@ -326,7 +326,8 @@ class MultiHeadAttention(keras.layers.Layer):
             a query is not yet scaled.
         """
         kernel, bias = self.input_projection(parts, scale_query=False)
-        fused = self._matmul(inputs, kernel, bias)
+        # The compute dtype, as the projections' own calls cast their inputs.
+        fused = self._matmul(ops.cast(inputs, kernel.dtype), kernel, bias)
         depths = [self.value_dim if part == "value" else self.key_dim for part in parts]
         ends = [self.num_heads * sum(depths[:i + 1]) for i in range(len(parts) - 1)]
         pieces = ops.split(fused, ends, axis=-1) if ends else [fused]
@@ -509,7 +510,8 @@ class MultiHeadAttention(keras.layers.Layer):
             return self.output_dense(attended)
         kernel, bias = self.output_projection()
         batch, length = ops.shape(attended)[0], ops.shape(attended)[1]
-        return self._matmul(ops.reshape(attended, (batch, length, kernel.shape[0])), kernel, bias)
+        attended = ops.cast(ops.reshape(attended, (batch, length, kernel.shape[0])), kernel.dtype)
+        return self._matmul(attended, kernel, bias)
 
     def call(
         self,
