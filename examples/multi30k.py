@@ -66,7 +66,8 @@ def config_for(args):
     (train_src, train_tgt), (val_src, val_tgt) = files(args, "train"), files(args, "val")
     return TrainingConfig(
         train_src=train_src, train_tgt=train_tgt, val_src=val_src, val_tgt=val_tgt,
-        output_dir=args.run, preset="small", num_layers=args.num_layers, d_model=args.d_model,
+        output_dir=args.run, preset="small", num_layers=args.num_layers,
+        num_decoder_layers=args.num_decoder_layers, d_model=args.d_model,
         num_heads=4, dff=args.dff,
         src_vocab_size=args.vocab_size, tgt_vocab_size=args.vocab_size,
         shared_vocab=True, tie_embeddings="all", dropout_rate=args.dropout_rate,
@@ -113,6 +114,8 @@ def recipe_flags(tc, mc):
                               ("--dff", "dff", 512)):
         if mc.get(key, recipe) != recipe:
             flags += f" {flag} {mc[key]}"
+    if mc.get("num_decoder_layers") is not None:
+        flags += f" --num-decoder-layers {mc['num_decoder_layers']}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -282,7 +285,7 @@ set was translated once, by the chosen SavedModel.
 
 ## Configuration
 
-- Model: preset `small`: {mc['num_layers']} encoder + {mc['num_layers']} decoder layers ({'pre-LN' if mc.get('norm_first') else 'post-LN'}),
+- Model: preset `small`: {mc['num_layers']} encoder + {mc.get('num_decoder_layers') or mc['num_layers']} decoder layers ({'pre-LN' if mc.get('norm_first') else 'post-LN'}),
   d_model {mc['d_model']}, {mc['num_heads']} heads, dff {mc['dff']}; dropout {mc['dropout_rate']}
   (attention {mc.get('attention_dropout_rate')}, feed-forward activation {mc.get('activation_dropout_rate')});
   sequence_length {mc.get('sequence_length', mc.get('max_length'))}; vocabulary {mc['src_vocab_size']} (source) / {mc['tgt_vocab_size']} (target),
@@ -350,7 +353,10 @@ def build_parser():
                         help="model width; 256 or more trains in mixed_bfloat16 on a CPU with bfloat16 "
                              "instructions (the recipe: 128)")
     parser.add_argument("--num-layers", type=int, default=4,
-                        help="encoder layers, and as many decoder layers (the recipe: 4)")
+                        help="encoder layers, and as many decoder layers unless --num-decoder-layers "
+                             "(the recipe: 4)")
+    parser.add_argument("--num-decoder-layers", type=int, default=None,
+                        help="decoder layers (default: --num-layers)")
     parser.add_argument("--dff", type=int, default=512,
                         help="feed-forward width (the recipe: 512)")
     parser.add_argument("--vocab-size", type=int, default=8000,

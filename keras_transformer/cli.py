@@ -67,6 +67,8 @@ def _add_training_args(parser):
                              "table 3, small is 3 layers of d_model 256")
     for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
         parser.add_argument(f"--{name}", type=kind, help="override the preset")
+    parser.add_argument("--num-decoder-layers", type=int,
+                        help="decoder blocks (default: as many as encoder blocks, --num-layers)")
     helps = {
         "sequence_length": "longest source / target in subword tokens (longer pairs are cut) and "
                            "the model's position-table size",

@@ -19,6 +19,8 @@ class TrainingConfig:
         output_dir: run folder (created; reused to resume).
         preset: model size from `keras_transformer.models.PRESETS`.
         num_layers, d_model, num_heads, dff, dropout_rate: preset overrides.
+        num_decoder_layers: decoder blocks (default `num_layers`): a deep
+            encoder with a shallow decoder decodes faster.
         attention_dropout_rate: dropout on the attention weights (default
             `dropout_rate`).
         activation_dropout_rate: dropout on the feed-forward activation
@@ -92,6 +94,7 @@ class TrainingConfig:
     output_dir: str = "runs/model"
     preset: str = "small"
     num_layers: int = None
+    num_decoder_layers: int = None
     d_model: int = None
     num_heads: int = None
     dff: int = None
@@ -161,6 +164,7 @@ class TrainingConfig:
         config = get_preset(
             self.preset,
             num_layers=self.num_layers,
+            num_decoder_layers=self.num_decoder_layers,
             d_model=self.d_model,
             num_heads=self.num_heads,
             dff=self.dff,

@@ -188,6 +188,8 @@ def _check_settings(config, model_config):
     before the run folder is written (a folder with trained tokenizers
     holds its settings; invalid ones would lock it)."""
     sizes = {key: model_config[key] for key in ("num_layers", "d_model", "num_heads", "dff")}
+    if "num_decoder_layers" in model_config:
+        sizes["num_decoder_layers"] = model_config["num_decoder_layers"]
     check_sizes(src_vocab_size=config.src_vocab_size, tgt_vocab_size=config.tgt_vocab_size, **sizes)
     check_batching(config.sequence_length, config.tokens_per_batch or None, config.batch_size)
     WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)

@@ -247,6 +247,38 @@ def test_norm_first_reaches_the_model_and_is_fixed_for_a_run(tmp_path):
         _check_resumable(str(run), pre, pre.model_config())
 
 
+def test_num_decoder_layers_reaches_the_model_and_is_fixed_for_a_run(tmp_path, capsys):
+    """`num_decoder_layers` (`--num-decoder-layers`) gives the decoder its own
+    depth; unset, it has the encoder's. A run folder refuses to resume with
+    another decoder depth, and the command line refuses a depth below 1
+    before the run folder is made."""
+    import dataclasses
+
+    from keras_transformer import build_transformer
+    from keras_transformer.training import TrainingConfig, _check_resumable
+
+    shallow = TrainingConfig(train_src="s", train_tgt="t", preset="tiny", num_layers=3, num_decoder_layers=1)
+    same = TrainingConfig(train_src="s", train_tgt="t", preset="tiny", num_layers=3)
+    model = build_transformer(50, 50, **shallow.model_config())
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (3, 1)
+    model = build_transformer(50, 50, **same.model_config())
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (3, 3)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "source.model").write_text("")
+    (run / "config.json").write_text(json.dumps({"training": dataclasses.asdict(same), "model": same.model_config()}))
+    with pytest.raises(ValueError, match="num_decoder_layers None -> 1"):
+        _check_resumable(str(run), shallow, shallow.model_config())
+    _check_resumable(str(run), same, same.model_config())
+    for name in ("train.en", "train.de"):
+        (tmp_path / name).write_text("a b c\nd e f\n")
+    fresh = tmp_path / "fresh"
+    err = _train_error(["--train-src", str(tmp_path / "train.en"), "--train-tgt", str(tmp_path / "train.de"),
+                        "--output-dir", str(fresh), "--num-decoder-layers", "0"], capsys)
+    assert "num_decoder_layers" in err and "got 0" in err
+    assert not fresh.exists()
+
+
 def test_missing_training_file_is_refused_before_the_run_folder_is_made(tmp_path, capsys):
     run = tmp_path / "run"
     err = _train_error(["--train-src", str(tmp_path / "missing.en"), "--train-tgt",

@@ -25,7 +25,8 @@ def config(script, flags):
 
 
 def model_config(c):
-    return {"dropout_rate": c.dropout_rate, "d_model": c.d_model, "num_layers": c.num_layers, "dff": c.dff}
+    return {"dropout_rate": c.dropout_rate, "d_model": c.d_model, "num_layers": c.num_layers, "dff": c.dff,
+            "num_decoder_layers": c.num_decoder_layers}
 
 
 def test_defaults_are_the_recipe(script):
@@ -40,6 +41,7 @@ def test_defaults_are_the_recipe(script):
     "--dropout-rate 0.3 --seed 7",
     "--warmup-steps 2000 --lr-scale 2 --norm-first --subword-alpha 0.3 --dropout-rate 0.25 --vocab-size 5000 --seed 1",
     "--d-model 256 --num-layers 3 --dff 1024 --norm-first --dropout-rate 0.3 --seed 2",
+    "--num-layers 6 --num-decoder-layers 2 --norm-first --dropout-rate 0.2 --seed 3",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)
