@@ -19,8 +19,8 @@ class TrainingConfig:
         output_dir: run folder (created; reused to resume).
         preset: model size from `keras_transformer.models.PRESETS`.
         num_layers, d_model, num_heads, dff, dropout_rate: preset overrides.
-        num_decoder_layers: decoder blocks (default `num_layers`): a deep
-            encoder with a shallow decoder decodes faster.
+        num_decoder_layers: decoder blocks (default `num_layers`); fewer
+            than the encoder's make each decoding step cheaper.
         attention_dropout_rate: dropout on the attention weights (default
             `dropout_rate`).
         activation_dropout_rate: dropout on the feed-forward activation
