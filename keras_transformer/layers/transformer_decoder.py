@@ -28,7 +28,8 @@ def cached_step_masks(index, cache_length, encoder_outputs_mask=None, growing=Fa
 
     Args:
         index: scalar int, position of the new token.
-        cache_length: int, slots in the self-attention cache.
+        cache_length: int, slots in the self-attention cache (unused when
+            `growing`).
         encoder_outputs_mask: optional bool `(batch, source_length)`.
         growing: the caches hold positions `0..index - 1` only and the new
             key and value are appended (`decoding.growing_cache`): then

@@ -392,9 +392,10 @@ class Transformer(keras.Model):
         """
         index = self_attention_cache_update_index
         weights = decoding_weights or self.decoding_weights()
-        masks = cached_step_masks(
-            index, ops.shape(self_attention_caches[0][0])[-1], encoder_outputs_mask, growing=growing_cache
-        )
+        # Slots of a fixed-size cache (keys transposed: the last axis); a
+        # growing cache has no slots to mask.
+        slots = None if growing_cache else ops.shape(self_attention_caches[0][0])[-1]
+        masks = cached_step_masks(index, slots, encoder_outputs_mask, growing=growing_cache)
         x = ops.expand_dims(self.decoder_embedding.step(token_ids, index, weights["embedding"]), 1)
         new_caches = []
         attention = None
