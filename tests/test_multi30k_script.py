@@ -51,3 +51,62 @@ def test_card_command_reproduces_the_flags(script, flags):
     assert (c.attention_dropout_rate, c.activation_dropout_rate) == (0.1, 0.1)
     again = script.recipe_flags(dataclasses.asdict(c), model_config(c))
     assert config(script, again) == c
+
+
+def test_search_flags_parse_to_a_grid(script):
+    args = script.build_parser().parse_args(["--search", "6:1.2", "--search", "10:0", "refresh"])
+    assert args.search == [(6, 1.2), (10, 0.0)]
+    assert script.build_parser().parse_args(["ship"]).search is None  # ship's default grid
+
+
+@pytest.mark.parametrize("text", ["5", "5:x", "0:1.0", "4:-0.5", "4:nan", "4.5:1.0"])
+def test_bad_search_flags_are_refused(script, text, capsys):
+    with pytest.raises(SystemExit):
+        script.build_parser().parse_args(["--search", text, "refresh"])
+    assert "e.g. --search 5:1.0" in capsys.readouterr().err
+
+
+CARD = """# multi30k-en-de
+
+## Results (translated by this SavedModel: beam 5, length penalty 1.0)
+
+| set | sacreBLEU (cased, 13a) | BLEU lowercased | chrF |
+|---|---|---|---|
+| test_2016_flickr (1,000) | 40.33 | 40.78 | 65.30 |
+| val (1,014) | 43.08 | 43.29 | 65.50 |
+
+## Chosen on val only
+
+| best | 5 | 1.0 | 43.03 | 65.49 |
+
+## Configuration
+
+- Model
+"""
+
+
+def scores(bleu):
+    return {"bleu": bleu, "bleu_lowercase": bleu + 0.5, "chrf": 60.0}
+
+
+def test_refresh_card_records_the_search_chosen_again(script, tmp_path):
+    rows = [{"checkpoint": "shipped weights", "beam_size": 5, "length_penalty": 1.0, "val_bleu": 43.0,
+             "val_chrf": 65.5},
+            {"checkpoint": "shipped weights", "beam_size": 6, "length_penalty": 1.2, "val_bleu": 43.25,
+             "val_chrf": 65.6}]
+    m = {"pair": "en-de", "search": {"beam_size": 6, "length_penalty": 1.2}, "searches_on_val": rows,
+         "test_2016_flickr": scores(40.5), "val": scores(43.31)}
+    script.refresh_card(str(tmp_path), m, CARD)
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "translated by this SavedModel: beam 6, length penalty 1.2)" in card
+    assert "| test_2016_flickr (1,000) | 40.50 | 41.00 | 60.00 |" in card
+    assert "| val (1,014) | 43.31 | 43.81 | 60.00 |" in card
+    assert "| 5 | 1.0 | 43.00 | 65.50 |\n| 6 | 1.2 | 43.25 | 65.60 |\n\n## Configuration" in card
+    # Done again, the card keeps one such section, with the new rows, and the rest as it was.
+    m["searches_on_val"] = rows[:1]
+    m["search"] = {"beam_size": 5, "length_penalty": 1.0}
+    script.refresh_card(str(tmp_path), m, card)
+    again = (tmp_path / "MODEL_CARD.md").read_text()
+    assert again.count("## Search chosen again on val") == 1 and "| 6 | 1.2 |" not in again
+    assert "beam 5, length penalty 1.0)" in again and again.count("Exported again") == 1
+    assert again.split("## Chosen on val only")[0].count("## ") == 1 and again.endswith("- Model\n")
