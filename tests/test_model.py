@@ -341,6 +341,34 @@ def test_fast_path_fit_logs_the_loss_and_accuracy_that_evaluate_gives(monkeypatc
     assert plain["loss"][0] == pytest.approx(evaluated["loss"], abs=1e-5)
 
 
+@pytest.mark.parametrize("metric", ["accuracy", keras.metrics.SparseCategoricalAccuracy(),
+                                    keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+def test_fast_path_refuses_metrics_that_need_logits(metric):
+    """The fast step gives the compiled metrics predicted ids: a metric
+    that needs logits (Keras's "accuracy" counted padding and the ids
+    as scores, 0.0625 against 0.0208; `SparseCategoricalAccuracy` crashed
+    in the graph) is refused clearly, at `attach` and, for a model
+    compiled again after it, at the step."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer import fast_path, masked_accuracy
+
+    x = inputs([[5, 6, 7, END, PAD]], [[START, 8, 9, PAD]])
+    labels = np.array([[8, 9, END, PAD]], "int32")
+    model = small_model()
+    model.compile("sgd", MaskedSparseCategoricalCrossentropy(), metrics=[MaskedAccuracy(), metric])
+    with pytest.raises(ValueError, match="need logits.*MaskedAccuracy"):
+        fast_path.attach(model)
+    assert not fast_path.is_attached(model)
+    model.compile("sgd", MaskedSparseCategoricalCrossentropy(), weighted_metrics=[masked_accuracy])
+    fast_path.attach(model)
+    model.compile("sgd", MaskedSparseCategoricalCrossentropy(), metrics=[metric])
+    with pytest.raises(ValueError, match="need logits"):
+        model.fit(x, labels, epochs=1, verbose=0)
+    fast_path.detach(model)
+    assert np.isfinite(model.fit(x, labels, epochs=1, verbose=0).history["loss"][0])
+
+
 @pytest.mark.parametrize("settings", [
     dict(),
     dict(tie_embeddings="all", norm_first=True, num_decoder_layers=1),

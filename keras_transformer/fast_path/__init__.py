@@ -140,6 +140,39 @@ def _loss_settings(model, pad_id, label_smoothing):
     return int(pad_id), float(label_smoothing)
 
 
+def _metrics_needing_logits(model):
+    """Names of the compiled metrics that cannot take predicted ids.
+
+    The fast step has the logits of the real decoder inputs only, so it
+    gives the compiled metrics `(batch, T)` predicted ids; `MaskedAccuracy`
+    and `masked_accuracy` take them, other metrics (Keras's `"accuracy"`,
+    cross-entropies, top-k) need `(batch, T, vocab)` scores.
+    """
+    from keras_transformer.metrics import MaskedAccuracy, masked_accuracy
+
+    compiled = getattr(model, "_compile_metrics", None)
+    if compiled is None:
+        return []
+    given = [getattr(compiled, name, None) for name in ("_user_metrics", "_user_weighted_metrics")]
+    names = []
+    for metric in keras.tree.flatten([m for m in given if m]):
+        if metric is None or isinstance(metric, MaskedAccuracy) or metric is masked_accuracy:
+            continue
+        names.append(metric if isinstance(metric, str) else getattr(metric, "name", None)
+                     or getattr(metric, "__name__", repr(metric)))
+    return names
+
+
+def _check_metrics(model):
+    names = _metrics_needing_logits(model)
+    if names:
+        raise ValueError(
+            "The training fast path gives the compiled metrics predicted ids, not logits "
+            f"(it computes no logits at padded positions), and these metrics need logits: {names}. "
+            "Compile with metrics=[MaskedAccuracy()] (token accuracy over real targets), or "
+            "train without the fast path (do not attach it, or fast_path.detach(model)).")
+
+
 def attach(model, pad_id=None, label_smoothing=None):
     """Give a compiled `build_transformer` model the fast `train_step`.
 
@@ -160,7 +193,9 @@ def attach(model, pad_id=None, label_smoothing=None):
 
     Raises:
         ValueError: where the fast path does not apply (`applies`), for a
-            model not compiled yet, or compiled with another loss.
+            model not compiled yet, compiled with another loss, or with
+            metrics that need logits (anything but `MaskedAccuracy`); the
+            step raises it too if the model is compiled again with them.
     """
     reason = applies(model)
     if reason:
@@ -170,12 +205,14 @@ def attach(model, pad_id=None, label_smoothing=None):
 
     forward = TrainingForward(model)
     pad_id, label_smoothing = _loss_settings(model, pad_id, label_smoothing)
+    _check_metrics(model)
     keras_step = type(model).train_step
 
     def train_step(data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         if sample_weight is not None or not isinstance(x, dict):
             return keras_step(model, data)
+        _check_metrics(model)  # at trace time: the model may have been compiled again
         with tf.GradientTape() as tape:
             loss, predicted = loss_and_predictions(forward, x, y, pad_id, label_smoothing)
             if model.losses:
