@@ -493,6 +493,29 @@ def test_bad_arguments_raise_clear_errors():
         TransformerDecoder(num_heads=2, dff=8)(np.ones((1, 2, 8), "float32"))
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda layer, x: layer(x[0], x[0]), r"`query` of shape \(batch, length, features\); got shape \(5, 8\)"),
+    (lambda layer, x: layer(x, x[:1]), "share the batch size"),
+    (lambda layer, x: layer(x, x, key=x[:, :3]), "same length"),
+    (lambda layer, x: layer(x, x, value_mask=np.ones((2, 7), bool)), r"\(batch, key_length\) = \(2, 5\)"),
+    (lambda layer, x: layer(x, x, value_mask=np.ones((2, 5, 1), bool)), "value_mask"),
+    (lambda layer, x: layer(x, x, attention_mask=np.ones((2, 5, 7), bool)), r"broadcast to .* = \(2, 5, 5\)"),
+    (lambda layer, x: layer(x, x, attention_mask=np.ones((5,), bool)), "attention_mask"),
+])
+def test_attention_inputs_and_masks_of_the_wrong_shape_are_clear_errors(call, message):
+    """An unbatched query and masks that do not fit the keys were an
+    IndexError in `build` and an `Incompatible shapes` error inside the
+    graph; now a ValueError that names the argument and the shape
+    expected. Masks that broadcast still work (the last check)."""
+    x = np.ones((2, 5, 8), "float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    with pytest.raises(ValueError, match=message):
+        call(layer, x)
+    fitting = np.ones((1, 5), bool), np.ones((2, 1, 5), bool), np.ones((5, 5), bool)
+    for attention_mask in fitting:
+        assert tuple(layer(x, x, attention_mask=attention_mask, value_mask=np.ones((2, 5), bool)).shape) == (2, 5, 8)
+
+
 def test_c07_mixed_float16_masking_is_finite_and_close_to_float32():
     """C07: under mixed_float16, masked keys get weight 0, values stay finite
     and within 1e-2 of the float32 run with the same weights; one fit step

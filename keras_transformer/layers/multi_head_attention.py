@@ -146,6 +146,52 @@ def single_query_attention(query, key, value, mask=None, keep=None, keys_transpo
     return ops.matmul(ops.cast(weights, value.dtype), value), weights
 
 
+def _check_attention_inputs(query_shape, value_shape, key_shape=None):
+    """Raises ValueError unless query, value (and key) are rank-3
+    `(batch, length, features)` with one batch size and key and value of
+    one length, where the shapes say so statically."""
+    shapes = {"query": query_shape, "value": value_shape, "key": key_shape}
+    for name, shape in shapes.items():
+        if shape is not None and len(shape) != 3:
+            raise ValueError(
+                f"MultiHeadAttention takes `{name}` of shape (batch, length, features); got "
+                f"shape {tuple(shape)}. Add the batch axis (x[None]) for one sequence."
+            )
+    known = {n: s[0] for n, s in shapes.items() if s is not None and s[0] is not None}
+    if len(set(known.values())) > 1:
+        raise ValueError(f"MultiHeadAttention's inputs must share the batch size; got {known}.")
+    if key_shape is not None and None not in (key_shape[1], value_shape[1]) and key_shape[1] != value_shape[1]:
+        raise ValueError(
+            f"`key` and `value` must have the same length (one key per value); got "
+            f"{key_shape[1]} and {value_shape[1]}."
+        )
+
+
+def _check_mask_shapes(query_shape, value_shape, attention_mask, value_mask):
+    """Raises ValueError for masks that cannot broadcast to `(batch,
+    query_length, key_length)`, where the shapes say so statically."""
+    batch, query_length, key_length = query_shape[0], query_shape[1], value_shape[1]
+    if value_mask is not None:
+        shape = tuple(value_mask.shape)
+        if len(shape) != 2 or any(
+            None not in (got, want) and got != want for got, want in zip(shape, (batch, key_length))
+        ):
+            raise ValueError(
+                f"`value_mask` is the keys' padding mask, of shape (batch, key_length) = "
+                f"({batch}, {key_length}); got shape {shape}."
+            )
+    if attention_mask is not None:
+        shape = tuple(attention_mask.shape)
+        want = (batch, query_length, key_length)
+        if not 2 <= len(shape) <= 3 or any(
+            None not in (got, size) and got not in (1, size) for got, size in zip(shape[::-1], want[::-1])
+        ):
+            raise ValueError(
+                f"`attention_mask` must broadcast to (batch, query_length, key_length) = {want}; "
+                f"got shape {shape}."
+            )
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with padding and causal masks (section 3.2.2).
@@ -199,7 +245,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Raises:
         ValueError: for non-positive `num_heads`/`key_dim` or a
-            `dropout_rate` outside [0, 1).
+            `dropout_rate` outside [0, 1); when called, for inputs that
+            are not `(batch, length, features)` and masks whose shapes do
+            not fit them.
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=8)
@@ -262,6 +310,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return dense
 
     def build(self, query_shape, value_shape=None, key_shape=None):
+        _check_attention_inputs(query_shape, value_shape or query_shape, key_shape)
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
         output_dim = self.output_dim or query_shape[-1]
@@ -526,6 +575,8 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         self_attention = key is None and (value is None or value is query)
         value = query if value is None else value
+        _check_attention_inputs(query.shape, value.shape, None if key is None else key.shape)
+        _check_mask_shapes(query.shape, value.shape, attention_mask, value_mask)
         mask = merge_masks(
             attention_mask,
             key_padding_to_attention_mask(value_mask),
