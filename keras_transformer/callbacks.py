@@ -1,6 +1,7 @@
 """Training callbacks: validation BLEU, early stopping that resumes, a
 time budget, TensorBoard logs without the values an epoch did not compute,
-and a backup that saves and stops on SIGTERM."""
+a backup that saves and stops on SIGTERM, and a guard that stops a
+diverged run before anything saves its NaN weights."""
 
 import json
 import math
@@ -9,6 +10,7 @@ import signal
 import threading
 
 import keras
+import numpy as np
 
 from keras_transformer.checkpoints import epoch_log
 
@@ -170,6 +172,69 @@ class TensorBoard(keras.callbacks.TensorBoard):
         super().on_epoch_end(epoch, logs)
 
 
+def non_finite_weights(model):
+    """Names of the model's and its optimizer's variables holding NaN or
+    infinity (empty when all are finite)."""
+    variables = list(model.weights)
+    if getattr(model, "optimizer", None) is not None:
+        variables += list(model.optimizer.variables)
+    names = []
+    for variable in variables:
+        value = keras.ops.convert_to_numpy(variable.value)
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            names.append(variable.path)
+    return names
+
+
+class TrainingDiverged(FloatingPointError):
+    """Raised out of `fit` by `DivergenceGuard` (and by `PreemptibleBackup`
+    before a save) when the loss or the weights stop being finite. Nothing
+    was saved after the last finite state, so a run folder keeps its last
+    good epoch (or mid-epoch save), which the same training run resumes.
+
+    Attributes:
+        epoch: int, 1-based, the epoch it stopped in.
+        steps: int or None, that epoch's steps done (None: at its end).
+        what: str, what was found not finite.
+    """
+
+    def __init__(self, epoch, steps, what):
+        self.epoch, self.steps, self.what = int(epoch), steps, what
+        where = f"at step {steps} of epoch {epoch}" if steps else f"at the end of epoch {epoch}"
+        super().__init__(
+            f"training diverged {where}: {what} is not finite (NaN or infinity). Nothing was saved "
+            "after the last finite state. Lower the learning rate (a smaller lr_scale, a longer "
+            "warmup) or check the data, then train again: a run resumes from its last saved state."
+        )
+
+
+class DivergenceGuard(keras.callbacks.Callback):
+    """Stops `fit` with `TrainingDiverged` at the first step whose loss is
+    not finite, and at an epoch's end whose loss, validation loss or
+    weights are not. Put it first among the callbacks: an exception in it
+    comes before the callbacks after it save the model, so NaN weights
+    never replace a checkpoint (unlike `keras.callbacks.TerminateOnNaN`,
+    which lets the epoch end, and its saves, run).
+    """
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingDiverged(getattr(self, "_epoch", 0) + 1, batch + 1, "the training loss")
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        for key in ("loss", "val_loss"):
+            if key in logs and not math.isfinite(float(logs[key])):
+                raise TrainingDiverged(epoch + 1, None, f"`{key}` ({float(logs[key])})")
+        bad = non_finite_weights(self.model)
+        if bad:
+            raise TrainingDiverged(epoch + 1, None, f"{len(bad)} variables ({bad[0]}, ...)")
+
+
 class TrainingStopped(KeyboardInterrupt):
     """Raised out of `fit` by `PreemptibleBackup` after a stop signal, once
     the training state is saved: the same training run again resumes from
@@ -209,7 +274,9 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     The handler is installed in `on_train_begin` (on the main thread only:
     Python handles signals there alone; elsewhere nothing changes) and the
     previous one restored when training ends or stops. If `fit` ends in
-    another exception, call `release()`.
+    another exception, call `release()`. It never saves weights or
+    optimizer state that are not finite: it raises `TrainingDiverged`
+    instead, keeping the last good state.
 
     Args:
         backup_dir, save_freq, double_checkpoint, delete_checkpoint: as for
@@ -275,6 +342,10 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
         super().on_train_end(logs)
 
     def _save_model(self):
+        bad = non_finite_weights(self.model)
+        if bad:  # never replace the last good state with NaN weights
+            self.release()
+            raise TrainingDiverged(self._epoch + 1, self._steps, f"{len(bad)} variables ({bad[0]}, ...)")
         super()._save_model()
         if self._steps and self.on_mid_epoch_save is not None:
             self.on_mid_epoch_save(self._epoch, self._steps)

@@ -794,7 +794,7 @@ def main(argv=None):
             parser.exit(128 + interrupt.signum, f"keras-transformer train: {interrupt}. {resume}")
         parser.exit(130, f"keras-transformer train: interrupted; {args.output_dir} keeps every finished "
                          f"epoch. {resume}")
-    except (ValueError, OSError, TypeError) as error:
+    except (ValueError, OSError, TypeError, FloatingPointError) as error:  # FloatingPointError: TrainingDiverged
         if os.environ.get("KERAS_TRANSFORMER_TRACEBACK"):
             raise
         parser.exit(1, f"keras-transformer {args.command}: error: {error}\n")

@@ -24,6 +24,7 @@ import warnings
 
 import keras
 
+from keras_transformer.callbacks import DivergenceGuard
 from keras_transformer.callbacks import PreemptibleBackup
 from keras_transformer.callbacks import ResumableEarlyStopping
 from keras_transformer.callbacks import TensorBoard
@@ -490,8 +491,9 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         fast_path.attach(model)  # the TensorFlow training step (`keras_transformer.fast_path`)
     monitor = "val_loss" if val_ds is not None else "loss"
     best_metric = config.checkpoint_metric if val_ds is not None else "loss"
-    callbacks = []
-    if config.bleu_every:  # first: the callbacks after it log and save by val_bleu
+    # First: a diverged step or epoch stops before any callback saves it.
+    callbacks = [DivergenceGuard()]
+    if config.bleu_every:  # before the callbacks that log and save by val_bleu
         callbacks.append(ValidationBLEU(
             read_lines(config.val_src), read_lines(config.val_tgt), src_tok, tgt_tok,
             every=config.bleu_every,
@@ -519,7 +521,6 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         EpochCheckpoint(out, keep=config.keep_checkpoints, monitor=best_metric),
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
         *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
-        keras.callbacks.TerminateOnNaN(),
         timer,
     ]
     if config.early_stopping_patience:

@@ -11,7 +11,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.callbacks import PreemptibleBackup, TimeBudget, TrainingStopped, time_budget_state
+from keras_transformer.callbacks import DivergenceGuard, PreemptibleBackup, TimeBudget, TrainingDiverged
+from keras_transformer.callbacks import TrainingStopped, time_budget_state
 
 
 def _model():
@@ -162,3 +163,60 @@ def test_time_budget_counts_the_time_of_a_resumed_runs_earlier_sessions(tmp_path
 def test_time_budget_refuses_a_budget_that_is_not_a_positive_number(tmp_path, seconds):
     with pytest.raises(ValueError, match="positive number of seconds"):
         TimeBudget(str(tmp_path), seconds)
+
+
+class _PoisonAt(keras.callbacks.Callback):
+    """Sets the kernel of the model's first layer to NaN at `(epoch, batch)`
+    (0-based), at the batch's start or, with `end=True`, its end."""
+
+    def __init__(self, epoch, batch, end=False):
+        super().__init__()
+        self.at, self.end, self.epoch = (epoch, batch), end, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def _poison(self, batch):
+        if (self.epoch, batch) == self.at:
+            kernel = self.model.layers[0].kernel
+            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.end:
+            self._poison(batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.end:
+            self._poison(batch)
+
+
+@pytest.mark.parametrize("end, steps, save_freq", [(False, 3, "epoch"), (True, None, "epoch"), (True, 5, 5)])
+def test_a_diverged_run_stops_before_anything_saves_its_nan_weights(tmp_path, end, steps, save_freq):
+    """Keras's TerminateOnNaN let the epoch end run, so `train` saved NaN
+    weights into model.keras, best.keras and the backup and exited 0. The
+    guard raises `TrainingDiverged` at the first NaN loss (a NaN kernel at
+    step 3 of epoch 2), at an epoch end with NaN weights behind a finite
+    loss (poisoned after the last step), and the backup refuses to save
+    them at a mid-epoch save (every 5 steps, poisoned after step 5): the
+    saved model and backup keep epoch 1, from which a run resumes."""
+    x, y = _data()
+    model = _model()
+    saved = str(tmp_path / "model.keras")
+    poison = _PoisonAt(1, 9 if end and steps is None else steps - 1, end=end)
+    callbacks = [poison, DivergenceGuard(),
+                 PreemptibleBackup(str(tmp_path / "backup"), save_freq=save_freq, delete_checkpoint=False),
+                 keras.callbacks.ModelCheckpoint(saved)]
+    with pytest.raises(TrainingDiverged, match="training diverged") as info:
+        model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=callbacks)
+    assert (info.value.epoch, info.value.steps) == (2, steps)
+    assert isinstance(info.value, FloatingPointError)
+    after_epoch_1 = keras.saving.load_model(saved).get_weights()
+    assert all(np.isfinite(w).all() for w in after_epoch_1)
+    again = _model()
+    seen = []
+    again.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[
+        DivergenceGuard(), PreemptibleBackup(str(tmp_path / "backup"), save_freq=save_freq, delete_checkpoint=False),
+        keras.callbacks.LambdaCallback(on_train_begin=lambda logs: seen.append(again.get_weights()))])
+    for got, want in zip(seen[0], after_epoch_1):
+        np.testing.assert_array_equal(got, want)
+    assert all(np.isfinite(w).all() for w in again.get_weights())

@@ -3,6 +3,7 @@ translate, export (tensorflow backend)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -389,6 +390,36 @@ def test_resuming_keeps_best_keras_unless_beaten(tmp_path):
     assert len((run / "epochs.jsonl").read_text().splitlines()) == 2
     assert (run / "model.keras").read_bytes() != last  # epoch 2 ran and was saved
     assert (run / "best.keras").read_bytes() == best
+
+
+def test_a_diverged_train_exits_1_and_keeps_the_last_good_epoch(tmp_path, capsys):
+    """A learning rate that makes the loss NaN: `train` said "Trained",
+    exited 0 and wrote NaN weights into model.keras, best.keras and the
+    checkpoints, so that resuming started from NaN. Now it exits 1 with
+    one line saying what to change, and the run folder keeps epoch 1."""
+    from keras_transformer.training import TrainingConfig, train
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=200, n_val=20, seed=4)
+    run = tmp_path / "run"
+    files = dict(train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
+                 val_src=str(data / "val.en"), val_tgt=str(data / "val.de"), output_dir=str(run))
+    train(TrainingConfig(epochs=1, preset="tiny", num_layers=1, sequence_length=24, src_vocab_size=120,
+                         tgt_vocab_size=140, tokens_per_batch=1024, warmup_steps=20, **files), verbose=0)
+    kept = {name: (run / name).read_bytes() for name in ("model.keras", "best.keras", "epochs.jsonl", "log.csv")}
+    argv = ["train", *[f"--{key.replace('_', '-')}={value}" for key, value in files.items()],
+            "--preset=tiny", "--num-layers=1", "--sequence-length=24", "--src-vocab-size=120",
+            "--tgt-vocab-size=140", "--tokens-per-batch=1024", "--warmup-steps=20", "--epochs=2",
+            "--lr-scale=1e30"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 1
+    assert re.match(r"keras-transformer train: error: training diverged at step \d+ of epoch 2: "
+                    "the training loss is not finite", err[-1]), err[-1]
+    assert "Lower the learning rate" in err[-1]
+    for name, before in kept.items():
+        assert (run / name).read_bytes() == before, name
 
 
 def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
