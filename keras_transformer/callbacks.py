@@ -285,20 +285,32 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
             each save made inside an epoch (`epoch` 0-based, `steps` of it
             done), e.g. to carry that epoch's time into the run that redoes it.
         signals: the signals to stop on; default `(signal.SIGTERM,)`.
+        on_restore: None, or a callable `(epoch, fell_back)` called in
+            `on_train_begin` after a state was restored: `epoch` the
+            0-based epoch `fit` goes on with (the epochs finished before
+            it), `fell_back` True when the latest state could not be read
+            and Keras restored the one saved before it
+            (`double_checkpoint`).
     """
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True,
-                 on_mid_epoch_save=None, signals=None):
+                 on_mid_epoch_save=None, signals=None, on_restore=None):
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
         self.signals = (signal.SIGTERM,) if signals is None else tuple(signals)
         self.on_mid_epoch_save = on_mid_epoch_save
+        self.on_restore = on_restore
+        self.fell_back = False
         self.stop_signal = None
         self._previous = {}
         self._epoch, self._steps = 0, None  # steps of the running epoch; None between epochs
 
     def on_train_begin(self, logs=None):
+        self.fell_back = False
         super().on_train_begin(logs)
+        if self.on_restore is not None and os.path.exists(self._training_metadata_path):
+            with open(self._training_metadata_path) as f:
+                self.on_restore(int(json.load(f)["epoch"]), self.fell_back)
         self.stop_signal = None
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
@@ -340,6 +352,13 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     def on_train_end(self, logs=None):
         self.release()
         super().on_train_end(logs)
+
+    def _load_model(self):
+        try:
+            super()._load_model()
+        except OSError:  # Keras then restores the state saved before it, if any
+            self.fell_back = True
+            raise
 
     def _save_model(self):
         bad = non_finite_weights(self.model)

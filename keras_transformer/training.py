@@ -14,6 +14,7 @@ A run lives in one folder:
   learning rate is in the TensorBoard logs.
 """
 
+import csv
 import dataclasses
 import json
 import math
@@ -341,12 +342,26 @@ def _read_and_tokenize(out, config):
     return src_lines, tgt_lines, src_tok, tgt_tok
 
 
-def _resumed_from(out):
-    """The last epoch a run folder logged, when it has a checkpoint to go on
-    from (`BackupAndRestore`); 0 for a new run."""
-    if not os.path.isdir(os.path.join(out, "checkpoints")):
-        return 0
-    return max(epoch_log(out), default=0)
+def _resuming(out, epoch, fell_back, verbose):
+    """Where `fit` goes on from (`PreemptibleBackup.on_restore`): says so,
+    and drops the `log.csv` rows of the epochs it will train again (their
+    state was lost: a checkpoint that could not be read), so that each
+    epoch keeps one row. `epochs.jsonl` keeps every record, the last of an
+    epoch counting (`epoch_log`), and with them the seconds spent."""
+    if fell_back:
+        print(f"Warning: the latest training state in {os.path.join(out, 'checkpoints')} could not be "
+              f"read (a save cut off?); going on from the one saved before it.", flush=True)
+    if verbose or fell_back:
+        print(f"Resuming {out} after epoch {epoch} (its checkpoints/ folder)", flush=True)
+    path = os.path.join(out, "log.csv")
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        kept = rows[:1] + [row for row in rows[1:] if row and int(row[0]) < epoch]
+        if len(kept) < len(rows):
+            with open(path + ".tmp", "w", newline="") as f:
+                csv.writer(f).writerows(kept)
+            os.replace(path + ".tmp", path)
 
 
 def _warn_short_warmup(warmup_steps, steps_per_epoch, epochs):
@@ -411,7 +426,6 @@ def train(config, verbose=1):
     os.makedirs(out, exist_ok=True)
     try:
         changed = _check_resumable(out, config, model_config)
-        resumed = _resumed_from(out)
         # Written before the tokenizers are trained, so that a run cut short
         # still records what its tokenizers were asked for.
         _write_run_config(out, config, model_config)
@@ -430,8 +444,6 @@ def train(config, verbose=1):
               + f"; vocabularies: source {src_tok.vocab_size} pieces (asked {config.src_vocab_size}), "
               f"target {tgt_tok.vocab_size} (asked {config.tgt_vocab_size})"
               + (", one shared vocabulary" if config.shared_vocab else ""))
-        if resumed:
-            print(f"Resuming {out} after epoch {resumed} (its checkpoints/ folder)")
         if changed:
             print(f"Settings changed since the run's config.json: {'; '.join(changed)}")
         if config.subword_alpha is not None:
@@ -507,6 +519,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         double_checkpoint=True,
         delete_checkpoint=False,
         on_mid_epoch_save=timer.carry,
+        on_restore=lambda epoch, fell_back: _resuming(out, epoch, fell_back, verbose),
     )
     callbacks += [
         backup,
@@ -523,6 +536,12 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
         timer,
     ]
+    done = max(epoch_log(out), default=0) if os.path.isdir(os.path.join(out, "checkpoints")) else 0
+    if done >= config.epochs:
+        if verbose:
+            print(f"{out} has trained {done} epochs and --epochs is {config.epochs}; nothing more to "
+                  f"train (pass a larger --epochs to go on).")
+        return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
     if config.early_stopping_patience:
         _, best, stop = history_state(out, monitor, config.early_stopping_patience)
         if stop:

@@ -220,3 +220,38 @@ def test_a_diverged_run_stops_before_anything_saves_its_nan_weights(tmp_path, en
     for got, want in zip(seen[0], after_epoch_1):
         np.testing.assert_array_equal(got, want)
     assert all(np.isfinite(w).all() for w in again.get_weights())
+
+
+def test_an_unreadable_latest_state_is_reported_and_the_log_keeps_one_row_an_epoch(tmp_path, capsys):
+    """A save cut off (the latest weights file truncated): Keras restores
+    the state saved before it (`double_checkpoint`) without a word, so
+    `train` said "Resuming after epoch 3", trained epoch 3 again and logged
+    it twice. `on_restore` gets the epoch really restored and whether the
+    latest state was unreadable; `train` says so and drops the log.csv rows
+    of the epochs it trains again."""
+    from keras_transformer.training import _resuming
+
+    x, y = _data()
+    backup_dir = tmp_path / "checkpoints"
+    restored = []
+
+    def backup():
+        return PreemptibleBackup(str(backup_dir), double_checkpoint=True, delete_checkpoint=False,
+                                 on_restore=lambda epoch, fell_back: restored.append((epoch, fell_back)))
+
+    log = keras.callbacks.CSVLogger(str(tmp_path / "log.csv"), append=True)
+    _model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup(), log])
+    assert restored == []  # nothing to restore in a new run
+    _model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup()])
+    assert restored == [(3, False)]
+    latest = backup_dir / "latest.weights.h5"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    _model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup()])
+    assert restored[-1] == (2, True)
+    capsys.readouterr()
+    _resuming(str(tmp_path), 2, True, verbose=0)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"Warning: the latest training state in {backup_dir} could not be read")
+    assert out[1] == f"Resuming {tmp_path} after epoch 2 (its checkpoints/ folder)"
+    rows = (tmp_path / "log.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,") and [row.split(",")[0] for row in rows[1:]] == ["0", "1"]

@@ -364,7 +364,7 @@ def test_settings_the_model_or_data_would_refuse_are_refused_before_the_folder(
     assert not run.exists()
 
 
-def test_resuming_keeps_best_keras_unless_beaten(tmp_path):
+def test_resuming_keeps_best_keras_unless_beaten(tmp_path, capsys):
     """`best.keras` is replaced on resume only by a better epoch: Keras's
     ModelCheckpoint forgets its best on a restart, so the first epoch after
     a resume always replaced it (even with a worse validation loss)."""
@@ -390,6 +390,12 @@ def test_resuming_keeps_best_keras_unless_beaten(tmp_path):
     assert len((run / "epochs.jsonl").read_text().splitlines()) == 2
     assert (run / "model.keras").read_bytes() != last  # epoch 2 ran and was saved
     assert (run / "best.keras").read_bytes() == best
+    # Fewer epochs than the run has: nothing trains, and it says so.
+    last = (run / "model.keras").read_bytes()
+    train(TrainingConfig(epochs=1, **config), verbose=2)
+    assert f"{run} has trained 2 epochs and --epochs is 1; nothing more to train" in capsys.readouterr().out
+    assert len((run / "epochs.jsonl").read_text().splitlines()) == 2
+    assert (run / "model.keras").read_bytes() == last
 
 
 def test_a_diverged_train_exits_1_and_keeps_the_last_good_epoch(tmp_path, capsys):
@@ -609,6 +615,25 @@ def test_a_config_file_value_out_of_range_names_the_file(tmp_path, capsys):
               "--output-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert "got 1.25." in err and "--config" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_old_and_new_name_of_one_setting_must_agree(tmp_path, capsys):
+    """`--max-length` (the old name of `--sequence-length`) and the new one
+    with different values: the last one silently won (a config file's
+    `max_length` silently lost). Now an error; the same value is fine."""
+    files = ["train", "--train-src", "a.txt", "--train-tgt", "b.txt", "--output-dir", str(tmp_path / "run")]
+    with pytest.raises(SystemExit):
+        main(files + ["--max-length", "30", "--sequence-length", "40"])
+    assert "--max-length 30 and --sequence-length 40 set the same setting (sequence_length)" in capsys.readouterr().err
+    config = tmp_path / "settings.yaml"
+    config.write_text("max_length: 30\nsequence_length: 40\n")
+    with pytest.raises(SystemExit):
+        main(files + ["--config", str(config)])
+    assert "max_length 30 and sequence_length 40 (its new name)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # agreeing names pass on to the next check: the missing file
+        main(files + ["--max-length", "30", "--sequence-length", "30"])
+    assert "a.txt is not a file" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
