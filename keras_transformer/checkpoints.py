@@ -78,7 +78,8 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
 
     Raises:
         ValueError: unless exactly one of `last` and `best` is a positive
-            int, or when the run has fewer such checkpoints than asked for.
+            int, when no checkpoint has a logged `monitor`, or when the run
+            has fewer such checkpoints than asked for.
     """
     if (last is None) == (best is None) or int(last or best) < 1:
         raise ValueError(f"Pass one positive count, `last` or `best`; got last={last!r}, best={best!r}.")
@@ -87,7 +88,16 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         chosen = list(available)[-int(last):]
         wanted, what = int(last), "latest"
     else:
-        chosen = _ranked(epoch_log(run_dir), available, monitor)[: int(best)]
+        log = epoch_log(run_dir)
+        scored = _ranked(log, available, monitor)
+        if available and not scored:
+            logged = sorted({key for record in log.values() for key in record} - {"epoch", "seconds", "steps", "precision"})
+            raise ValueError(
+                f"None of the epoch checkpoints in {run_dir} has a `{monitor}` in epochs.jsonl"
+                + (" (val_bleu is logged only by runs trained with --bleu-every)" if monitor == "val_bleu" else "")
+                + f"; it logged {logged}. Choose by one of those with --monitor, or use --last."
+            )
+        chosen = scored[: int(best)]
         wanted, what = int(best), f"best by {monitor}"
     if len(chosen) < wanted:
         raise ValueError(

@@ -89,7 +89,8 @@ def _add_training_args(parser):
         # --max-length: the old name of --sequence-length, still accepted.
         flags = ["--" + name.replace("_", "-")] + (["--max-length"] if name == "sequence_length" else [])
         parser.add_argument(*flags, dest=name, type=_positive_int if name in positive else int,
-                            default=getattr(defaults, name), help=f"{helps[name]} (default: %(default)s)")
+                            default=getattr(defaults, name), help=f"{helps[name]} (default: %(default)s)",
+                            **({"action": _OneValueUnderTwoNames} if len(flags) > 1 else {}))
     for name in ("lr_scale", "label_smoothing"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name),
                             help=f"{helps[name]} (default: %(default)s)")
@@ -297,6 +298,20 @@ def _translator(args, set_threads=False):
     return Translator(model, src, tgt, **settings)
 
 
+class _OneValueUnderTwoNames(argparse.Action):
+    """A setting with an old and a new flag (`--max-length`,
+    `--sequence-length`): both given with different values is an error,
+    not the last one silently winning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_" + self.dest, None)
+        if given is not None and given[1] != values:
+            parser.error(f"{given[0]} {given[1]} and {option_string} {values} set the same setting "
+                         f"({self.dest}) to different values: pass one of them.")
+        setattr(namespace, "_given_" + self.dest, (option_string, values))
+        setattr(namespace, self.dest, values)
+
+
 def _apply_config_file(parser, argv):
     """Make the values of `train --config FILE` the train parser's
     defaults, so that flags on the command line override them."""
@@ -308,9 +323,12 @@ def _apply_config_file(parser, argv):
     if known.config:
         try:
             values = read_config_file(known.config)
-            if values.get("max_length") is not None and values.get("sequence_length") is None:
-                values["sequence_length"] = values.pop("max_length")  # its old name
-            values.pop("max_length", None)
+            old, new = values.pop("max_length", None), values.get("sequence_length")
+            if old is not None and new is not None and old != new:
+                raise ValueError(f"max_length {old} and sequence_length {new} (its new name) set the "
+                                 "same setting to different values: keep one of them")
+            if old is not None:
+                values["sequence_length"] = old
             parser.set_defaults(**values, config_values=values)
         except (OSError, ValueError) as error:
             parser.exit(1, f"keras-transformer train: error: --config: {error}\n")

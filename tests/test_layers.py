@@ -158,6 +158,9 @@ def test_c09_positional_embedding_scales_and_limits_length():
     assert tuple(layer.position_encoding.shape) == (8, 16)
     with pytest.raises(ValueError, match="sequence_length=8"):
         layer(np.ones((1, 9), "int32"))
+    # An empty sequence was "Biases must be 1D: [0,32]" deep inside the encoder.
+    with pytest.raises(ValueError, match="length 0 .*at least one token"):
+        layer(np.ones((2, 0), "int32"))
     # start_index embeds a later position (cached decoding).
     step = to_numpy(layer(ids[:, 3:4], start_index=3))
     np.testing.assert_allclose(step[0, 0], out[0, 3], atol=1e-5)

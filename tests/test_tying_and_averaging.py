@@ -158,6 +158,10 @@ def test_select_checkpoints_last_and_best(tmp_path):
         select_checkpoints(run, last=5)
     with pytest.raises(ValueError, match="one positive count"):
         select_checkpoints(run, last=1, best=1)
+    # A run trained without --bleu-every logs no val_bleu: said so, not
+    # "0 epoch checkpoints ... train with a larger --keep-checkpoints".
+    with pytest.raises(ValueError, match=r"has a `val_bleu`.*--bleu-every\); it logged \['val_loss'\]"):
+        select_checkpoints(run, best=2, monitor="val_bleu")
 
 
 def test_early_stopping_state_from_the_log(tmp_path):

@@ -131,8 +131,9 @@ class PositionalEmbedding(keras.layers.Layer):
         that carry no Keras mask.
 
     Raises:
-        ValueError: when `length + start_index` exceeds `sequence_length` (for a
-            statically known length), for an id outside the vocabulary (see
+        ValueError: for a length of 0 or when `length + start_index`
+            exceeds `sequence_length` (for a statically known length),
+            for an id outside the vocabulary (see
             `check_id_range` for the errors in compiled code), or on a
             non-positive size.
 
@@ -217,6 +218,12 @@ class PositionalEmbedding(keras.layers.Layer):
         if reverse:
             return vocabulary_logits(self._reverse, inputs)
         length = inputs.shape[1]
+        if length == 0:
+            raise ValueError(
+                f"PositionalEmbedding got a sequence of length 0 ({self.name}, inputs of shape "
+                f"{tuple(inputs.shape)}): a sequence needs at least one token. Pack each sentence "
+                "with its end token (`pack_source`; an empty sentence is then just the end id)."
+            )
         if (
             length is not None
             and isinstance(start_index, int)
