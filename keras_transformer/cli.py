@@ -107,10 +107,12 @@ def _add_training_args(parser):
                         help="share one matrix between the target embedding and the output projection "
                              "(target), and the source embedding too (all, needs --shared-vocab); "
                              "section 3.4 (default: %(default)s)")
-    parser.add_argument("--norm-first", action="store_true",
+    # --no-X too: a --config file's true can be switched off on the command line.
+    flag = dict(action=argparse.BooleanOptionalAction)
+    parser.add_argument("--norm-first", default=defaults.norm_first, **flag,
                         help="pre-LN blocks with a final LayerNorm per stack (Xiong et al., 2020) "
                              "instead of the paper's post-LN")
-    parser.add_argument("--shared-vocab", action="store_true",
+    parser.add_argument("--shared-vocab", default=defaults.shared_vocab, **flag,
                         help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
     parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,
                         help="epoch checkpoints kept in RUN/epochs, the latest N and the N best "
@@ -129,10 +131,11 @@ def _add_training_args(parser):
     parser.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                         help="also save the training state every N steps (a killed run loses at most N; "
                              "the resumed epoch starts its data over)")
-    parser.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
-                        help="do not write TensorBoard logs to RUN/tensorboard")
-    parser.add_argument("--lowercase", action="store_true", help="lowercase text before tokenizing")
-    parser.add_argument("--jit-compile", action="store_true", help="compile the train step with XLA")
+    parser.add_argument("--tensorboard", default=defaults.tensorboard, **flag,
+                        help="write TensorBoard logs to RUN/tensorboard")
+    parser.add_argument("--lowercase", default=defaults.lowercase, **flag, help="lowercase text before tokenizing")
+    parser.add_argument("--jit-compile", default=defaults.jit_compile, **flag,
+                        help="compile the train step with XLA")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
                         help="data-parallel training over all local devices, or over several "
                              "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")

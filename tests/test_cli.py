@@ -637,6 +637,26 @@ def test_the_old_and_new_name_of_one_setting_must_agree(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_config_files_booleans_can_be_switched_either_way_by_flags(tmp_path, monkeypatch):
+    """"Flags given beside --config win": for booleans there was no flag to
+    turn a file's true off (only --norm-first, --shared-vocab, --lowercase,
+    --jit-compile and --no-tensorboard existed)."""
+    import keras_transformer.training as training
+
+    seen = []
+    monkeypatch.setattr(training, "train", lambda config, verbose=1: seen.append(config))
+    names = ("norm_first", "shared_vocab", "lowercase", "jit_compile", "tensorboard")
+    config = tmp_path / "settings.yaml"
+    files = ["train", "--train-src", "a.txt", "--train-tgt", "b.txt", "--config", str(config)]
+    for value in (True, False):
+        config.write_text("".join(f"{name}: {str(value).lower()}\n" for name in names))
+        main(files)
+        flags = ["--" + ("" if not value else "no-") + name.replace("_", "-") for name in names]
+        main(files + flags)
+        assert [getattr(seen[-2], name) for name in names] == [value] * 5
+        assert [getattr(seen[-1], name) for name in names] == [not value] * 5
+
+
 @pytest.mark.slow
 def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     """`train --config FILE` (YAML) takes the file's settings with flags on
