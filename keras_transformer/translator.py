@@ -340,6 +340,8 @@ class Translator(tf.Module):
         """
         source_ids = self.encode_source(tf.constant([text]))
         tokens = self.translate_ids(source_ids)[0].numpy()[0, 0].tolist()
+        if not normalize_text(tf.constant(text)).numpy():  # blank: translated to "", as translate_batch does
+            tokens = [self.tgt_tokenizer.end_id]
         end = self.tgt_tokenizer.end_id
         n = tokens.index(end) + 1 if end in tokens else len(tokens)
         parts = self._parts

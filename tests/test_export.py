@@ -550,7 +550,7 @@ def test_attention_belongs_to_the_translation_that_is_returned(exported):
     translators, _ = exported
     for name in ("beam", "greedy"):
         translator = translators[name]
-        for text in INPUTS:
+        for text in INPUTS + ["", " \t "]:  # a blank source gave a made-up translation here
             found = translator.attention_scores(text)
             assert found["translation"] == translator([text]).numpy()[0].decode("utf-8")
             weights = found["weights"]
