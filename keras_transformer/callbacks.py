@@ -180,8 +180,11 @@ def non_finite_weights(model):
         variables += list(model.optimizer.variables)
     names = []
     for variable in variables:
-        value = keras.ops.convert_to_numpy(variable.value)
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
+        # Only floats can hold NaN; an integer one (the optimizer's step
+        # count) is not read, as tf.distribute's mirrored int64 cannot be.
+        if not keras.backend.is_float_dtype(variable.dtype):
+            continue
+        if not np.isfinite(keras.ops.convert_to_numpy(variable.value)).all():
             names.append(variable.path)
     return names
 

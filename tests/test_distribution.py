@@ -16,15 +16,20 @@ from keras_transformer.distribution import data_parallel_scope
 
 
 def backend_env(backend):
-    """The subprocess environment: on jax, two host devices, and collectives
-    that wait rather than abort (on 2 cores with other work beside it, one
-    device's thread can reach an all-reduce long after the other, and XLA's
-    CPU rendezvous gives up after tens of seconds by default). tensorflow
-    splits its CPU in the script itself."""
+    """The subprocess environment: on jax, two host devices, each on one
+    Eigen thread, and collectives that wait rather than abort (on 2 cores
+    with other work beside it, one device's thread can reach an all-reduce
+    long after the other, and XLA's CPU rendezvous gives up after tens of
+    seconds by default). With XLA's shared multi-threaded Eigen pool the
+    epoch once hung past the 600 s timeout in CI beside the jax and torch
+    test runs (a known wedge of that pool: XLA_FLAGS
+    --xla_cpu_multi_thread_eigen=false avoids it). tensorflow splits its CPU
+    in the script itself."""
     env = dict(os.environ, KERAS_BACKEND=backend)
     if backend == "jax":
         env["XLA_FLAGS"] = " ".join([
             "--xla_force_host_platform_device_count=2",
+            "--xla_cpu_multi_thread_eigen=false",
             "--xla_cpu_collective_timeout_seconds=900",
             "--xla_cpu_collective_call_terminate_timeout_seconds=900",
         ])
