@@ -26,7 +26,7 @@ def _correct_and_mask(y_true, y_pred, pad_id):
         raise ValueError(
             "Expected integer labels of shape `(batch, T)` and predictions "
             "of shape `(batch, T, vocab)` (scores: labels one rank lower than "
-            "predictions) or `(batch, T)` (predicted ids). Received: y_true.shape={tuple(y_true.shape)}, "
+            f"predictions) or `(batch, T)` (predicted ids). Received: y_true.shape={tuple(y_true.shape)}, "
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
     y_true = ops.cast(y_true, "int32")

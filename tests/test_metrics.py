@@ -170,3 +170,6 @@ def test_invalid_pad_id_raises():
         MaskedAccuracy(pad_id="0")
     with pytest.raises(ValueError, match="one rank lower"):
         masked_accuracy(np.zeros((1, 2, 3), "int32"), np.zeros((1, 2, 4)))
+    # The message gives the labels' shape (it printed the literal "{tuple(y_true.shape)}").
+    with pytest.raises(ValueError, match=r"y_true.shape=\(4,\), y_pred.shape=\(3, 4, 7\)"):
+        MaskedAccuracy().update_state(np.zeros((4,), "int32"), np.zeros((3, 4, 7), "float32"))

@@ -204,6 +204,28 @@ def test_c12_keras_save_reload_new_shapes(tmp_path):
     assert type(restored.loss).__name__ == "MaskedSparseCategoricalCrossentropy"
 
 
+@pytest.mark.parametrize("saved_under, loaded_under", [("mixed_float16", "float32"), ("float32", "mixed_bfloat16")])
+def test_a_keras_file_reloads_with_the_policy_it_was_built_under(tmp_path, saved_under, loaded_under):
+    """A model built under a global dtype policy (no `dtype=`) reloads with
+    that policy whatever the global one is then, as Keras's own layers do;
+    it came back with the loading process's policy (other logits)."""
+    x = inputs([[5, 6, END, PAD]], [[START, 8, 9, PAD]])
+    previous = keras.config.dtype_policy()
+    try:
+        keras.config.set_dtype_policy(saved_under)
+        model = small_model()
+        want = to_numpy(model(x))
+        path = os.path.join(tmp_path, "model.keras")
+        model.save(path)
+        keras.config.set_dtype_policy(loaded_under)
+        restored = keras.saving.load_model(path)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert restored.get_config()["dtype"] == saved_under
+    assert {layer.dtype_policy.name for layer in restored.decoder_layers} == {saved_under}
+    np.testing.assert_array_equal(to_numpy(restored(x)), want)
+
+
 def test_c27_ragged_last_batch_fit_with_jit_then_predict():
     """C27: fit 2 steps with jit_compile on batches of 2 and 3, then predict."""
     model = _compiled(small_model())

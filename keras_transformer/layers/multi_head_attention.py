@@ -235,6 +235,9 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: optional bool tensor broadcastable to
             `(batch, query_length, key_length)`, `True` where allowed.
         value_mask: optional bool `(batch, key_length)` key padding mask.
+        mask: filled in by Keras when `query` is the only tensor given
+            (`layer(x)`, self-attention): its Keras mask, which is then the
+            key padding mask, as `value_mask` is for `layer(x, x)`.
         use_causal_mask: bool, add the causal (look-ahead) mask.
         return_attention_scores: bool, also return the weights.
         training: bool, enables dropout.
@@ -572,8 +575,11 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        mask=None,
     ):
         self_attention = key is None and (value is None or value is query)
+        if value is None and value_mask is None:
+            value_mask = mask  # the query's padding is the keys' padding
         value = query if value is None else value
         _check_attention_inputs(query.shape, value.shape, None if key is None else key.shape)
         _check_mask_shapes(query.shape, value.shape, attention_mask, value_mask)

@@ -78,6 +78,17 @@ def embedding_lookup(table, ids):
     return lookup(table)
 
 
+def _concrete_int(value):
+    """`value` as an int when it is known now (a Python int or an eager
+    scalar tensor), else None (a symbolic or traced tensor)."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except Exception:  # graph tensors, KerasTensors and jax tracers have no value yet
+        return None
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionalEmbedding(keras.layers.Layer):
     """Token embedding times sqrt(d_model), plus the sinusoidal encoding.
@@ -217,6 +228,12 @@ class PositionalEmbedding(keras.layers.Layer):
              training=None):
         if reverse:
             return vocabulary_logits(self._reverse, inputs)
+        if len(inputs.shape) != 2:
+            raise ValueError(
+                f"PositionalEmbedding expects token ids of shape (batch, length) ({self.name}); "
+                f"received shape {tuple(inputs.shape)}. For one sequence, add a batch axis "
+                "(`ids[None]`)."
+            )
         length = inputs.shape[1]
         if length == 0:
             raise ValueError(
@@ -224,14 +241,15 @@ class PositionalEmbedding(keras.layers.Layer):
                 f"{tuple(inputs.shape)}): a sequence needs at least one token. Pack each sentence "
                 "with its end token (`pack_source`; an empty sentence is then just the end id)."
             )
+        start = _concrete_int(start_index)
         if (
             length is not None
-            and isinstance(start_index, int)
-            and length + start_index > self.sequence_length
+            and start is not None
+            and length + start > self.sequence_length
         ):
             raise ValueError(
                 f"PositionalEmbedding got a sequence of length {length}"
-                + (f" starting at position {start_index}" if start_index else "")
+                + (f" starting at position {start}" if start else "")
                 + f", longer than its sequence_length={self.sequence_length}. Truncate "
                 "the input to sequence_length tokens, or build the model with a "
                 "larger sequence_length."

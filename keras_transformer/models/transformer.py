@@ -230,7 +230,10 @@ class Transformer(keras.Model):
         self.norm_first = bool(norm_first)
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = activation
-        self._layer_dtype = dtype
+        # The policy the layers were built with (the global one when None),
+        # so that a `.keras` file reloads with it whatever the global
+        # policy is then, as Keras's own layers do.
+        self._layer_dtype = keras.config.dtype_policy().name if dtype is None else dtype
 
     def get_config(self):
         activation = self.activation
