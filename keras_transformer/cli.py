@@ -344,7 +344,7 @@ def cmd_train(args):
         raise ValueError("--train-src and --train-tgt are required (on the command line or in --config FILE).")
     fields = {k.replace("-", "_"): v for k, v in vars(args).items()}
     config = TrainingConfig(**{k: v for k, v in fields.items() if k in TrainingConfig.__dataclass_fields__})
-    start = time.time()
+    start, before = time.time(), _epochs_logged(config.output_dir)
     try:
         # Keras redraws its progress bar in place; into a log file, one line an epoch.
         train(config, verbose=1 if getattr(sys.stdout, "isatty", lambda: False)() else 2)
@@ -357,7 +357,22 @@ def cmd_train(args):
         if named:
             raise ValueError(f"{error} (set by {named[0]} in --config {args.config})") from None
         raise
-    print(f"Trained in {time.time() - start:.0f} s; run folder: {config.output_dir}")
+    trained = _epochs_logged(config.output_dir) - before
+    if trained:
+        print(f"Trained {trained} epoch{'s' * (trained > 1)} in {time.time() - start:.0f} s; "
+              f"run folder: {config.output_dir}")
+    else:
+        print(f"Nothing trained; run folder: {config.output_dir}")
+
+
+def _epochs_logged(run_dir):
+    """The lines of a run's `epochs.jsonl` (one an epoch finished, an
+    epoch trained again adds one); 0 without it."""
+    try:
+        with open(os.path.join(run_dir, "epochs.jsonl")) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
 
 
 def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=None):

@@ -746,6 +746,12 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     assert "Read 300 training pairs and 20 validation pairs; vocabularies: source" in out
     assert "(asked 150)" in out and f"Resuming {run} after epoch 2" in out
     assert "parameters (preset tiny, tie_embeddings=none)" in out
+    assert "Trained 1 epoch in " in out and f"run folder: {run}" in out
+    # Again: nothing more to train, and the last line does not claim it trained.
+    main(["train", "--config", str(run / "config.json"), "--output-dir", str(run)])
+    out = capsys.readouterr().out
+    assert "nothing more to train" in out and f"Nothing trained; run folder: {run}" in out
+    assert "Trained" not in out
 
 
 def test_bom_is_stripped_from_files(tmp_path):
