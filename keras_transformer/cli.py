@@ -135,7 +135,7 @@ def _add_training_args(parser):
                         help="write TensorBoard logs to RUN/tensorboard")
     parser.add_argument("--lowercase", default=defaults.lowercase, **flag, help="lowercase text before tokenizing")
     parser.add_argument("--jit-compile", default=defaults.jit_compile, **flag,
-                        help="compile the train step with XLA")
+                        help="compile the train step with XLA (tensorflow; on jax it always is)")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
                         help="data-parallel training over all local devices, or over several "
                              "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")

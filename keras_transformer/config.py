@@ -52,7 +52,9 @@ class TrainingConfig:
             each training pair in every epoch; None (default): the one
             deterministic segmentation. Validation data is never sampled.
         seed: random seed.
-        jit_compile: XLA for the train step (`"auto"` lets Keras choose).
+        jit_compile: XLA for the train step on tensorflow (`"auto"` lets Keras
+            choose), `torch.compile` on torch; on jax the step is always
+            compiled by XLA.
         distribution: None (one device), `"data_parallel"` (all local
             devices) or `"multi_worker"` (several hosts); see
             `keras_transformer.distribution`. The global batch is what

@@ -465,7 +465,7 @@ def train(config, verbose=1):
     # shape: batches padded to their bucket's upper length give one shape
     # per bucket instead of one per longest sentence (on jax, a second epoch
     # of 600 synthetic pairs took 8.5 s without, 0.4 s with).
-    compiled = keras.backend.backend() == "jax" or config.jit_compile
+    compiled = _train_step_jit_compile(config)
 
     def dataset(src, tgt, shuffle, subword_alpha=None):
         return make_dataset(
@@ -487,6 +487,17 @@ def train(config, verbose=1):
         return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose)
 
 
+def _train_step_jit_compile(config):
+    """`jit_compile` for the train step: `config.jit_compile`, except on jax,
+    whose compiled path is XLA, where it is always True. Keras runs a jax
+    step with `jit_compile=False` op by op, eagerly: many times slower, and
+    under `distribution="data_parallel"` each op's all-reduce over the
+    devices can stall in XLA's CPU rendezvous."""
+    if keras.backend.backend() == "jax":
+        return True
+    return config.jit_compile
+
+
 def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose):
     model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
     if verbose:
@@ -497,7 +508,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         optimizer=Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
         metrics=[MaskedAccuracy()],
-        jit_compile=config.jit_compile,
+        jit_compile=_train_step_jit_compile(config),
     )
     if fast_path.applies(model, jit_compile=model.jit_compile) is None:
         fast_path.attach(model)  # the TensorFlow training step (`keras_transformer.fast_path`)
