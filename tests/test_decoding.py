@@ -456,7 +456,11 @@ def test_fixed_caches_grow_in_phases_with_one_phases_results(parts, monkeypatch)
         rows = len(sources) * kwargs.get("beam_size", 1)
         assert phased.grown == [(n, (rows, heads, key_dim, n), (rows, heads, n, key_dim)) for n in (4, 8, 10)]
         np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(want[0]))
-        np.testing.assert_allclose(to_numpy(got[1]), to_numpy(want[1]), atol=1e-6)
+        # Scores near -12.7 are sums of float32 log-probabilities whose
+        # attention reductions run over 4, 8 or 10 slots instead of 10: they
+        # may differ by a few float32 spacings (9.5e-7 at 12.7; jax on an
+        # AMX Xeon: 2.9e-6), which `rtol` allows.
+        np.testing.assert_allclose(to_numpy(got[1]), to_numpy(want[1]), rtol=1e-6, atol=1e-6)
     # The outputs reach past the first phases.
     assert (to_numpy(want[0]) != PAD).sum(-1).max() > 4
 
