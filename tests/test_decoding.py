@@ -332,6 +332,64 @@ def test_greedy_cross_attention_weights(parts):
         np.testing.assert_array_equal(attention[row, n:], 0.0)
 
 
+def test_jax_searches_compile_once_per_setting_and_padded_shape(parts):
+    """On jax, a search called outside `jax.jit` runs in one compiled
+    function per model, search setting and source shape, the source length
+    padded to a multiple of 16 (at most the encoder's 10 here): sources of 6
+    and 8 columns share one trace, another batch size or search traces
+    again. Its outputs (tokens, scores, attention weights cut back to the
+    source's own columns) equal the search traced in the caller's own
+    `jax.jit`, which neither pads nor caches. Before, every call traced and
+    compiled its loop again (beam 4 on an H200: 3.7 sentences a second
+    against torch's 54.5)."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("the compiled search is jax's")
+    import jax
+
+    from keras_transformer.decoding import compiled
+
+    class Counting(TransformerParts):
+        traces = 0
+
+        def encode(self, source_ids):
+            Counting.traces += 1
+            return super().encode(source_ids)
+
+    model = build_transformer(30, 25, num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0,
+                              sequence_length=10)
+    counting = Counting(model)
+    wider = np.pad(SOURCES, ((0, 0), (0, 2)), constant_values=PAD)
+    assert compiled.bucketed_length(6, 10) == 10 and compiled.bucketed_length(12, 10) == 12
+    assert compiled.bucketed_length(17, 64) == 32
+
+    tokens, scores, attention = greedy_search(counting, SOURCES, start_id=START, end_id=END,
+                                              return_attention_scores=True)
+    assert Counting.traces == 1
+    again = greedy_search(counting, wider, start_id=START, end_id=END, return_attention_scores=True)
+    assert Counting.traces == 1
+    want = jax.jit(lambda ids: greedy_search(counting, ids, start_id=START, end_id=END,
+                                             return_attention_scores=True))(SOURCES)
+    assert Counting.traces == 2
+    assert to_numpy(attention).shape == to_numpy(want[2]).shape == (2, 10, 2, 6)
+    assert to_numpy(again[2]).shape == (2, 10, 2, 8)
+    for got in ((tokens, scores, attention), again):
+        np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(want[0]))
+        np.testing.assert_allclose(to_numpy(got[1]), to_numpy(want[1]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(got[2])[..., :6], to_numpy(want[2]), atol=1e-6)
+
+    beams = beam_search(counting, SOURCES, start_id=START, end_id=END, beam_size=3, n_best=2)
+    assert Counting.traces == 3
+    beam_search(counting, SOURCES, start_id=START, end_id=END, beam_size=3, n_best=2)
+    beam_search(counting, wider, start_id=START, end_id=END, beam_size=3, n_best=2)
+    assert Counting.traces == 3
+    beam_search(counting, SOURCES[:1], start_id=START, end_id=END, beam_size=3, n_best=2)
+    assert Counting.traces == 4
+    want = jax.jit(lambda ids: beam_search(counting, ids, start_id=START, end_id=END, beam_size=3,
+                                           n_best=2))(SOURCES)
+    np.testing.assert_array_equal(to_numpy(beams[0]), to_numpy(want[0]))
+    np.testing.assert_allclose(to_numpy(beams[1]), to_numpy(want[1]), rtol=1e-6, atol=1e-6)
+
+
 def _teacher_forced_log_prob(model, source, output):
     """log P(output | source) under the full model, the output ending with
     END (and padded after it)."""

@@ -35,8 +35,10 @@ search does not (a finished sentence costs one row, less than the gathers
 that would drop it).
 """
 
+import numpy as np
 from keras import ops
 
+from keras_transformer.decoding import compiled
 from keras_transformer.decoding.gather import take_rows
 from keras_transformer.decoding.growing_cache import relax_batch
 from keras_transformer.decoding.limits import decode_limits
@@ -82,8 +84,34 @@ def dynamic_decode(
             layer's cross-attention weights each step.
 
     Returns:
-        `strategy.finalize(state)`.
+        `strategy.finalize(state)`. On jax, outside a caller's `jax.jit`,
+        the search runs compiled once per input shape
+        (`decoding.compiled`).
     """
+    if compiled.applies(source_ids) and hasattr(parts, "model"):
+        setting = (
+            type(parts), bool(getattr(parts, "growing_cache", False)), type(strategy),
+            tuple(sorted(vars(strategy).items())), int(start_id), int(end_id), int(pad_id),
+            max_length, length_ratio, length_offset, tuple(int(i) for i in suppressed_ids),
+            bool(return_attention_scores),
+        )
+
+        def search(ids):
+            return dynamic_decode(
+                parts, ids, strategy, start_id=start_id, end_id=end_id, pad_id=pad_id,
+                max_length=max_length, length_ratio=length_ratio, length_offset=length_offset,
+                suppressed_ids=suppressed_ids, return_attention_scores=return_attention_scores,
+            )
+
+        # Checked here, where the ids are known, so that a bad id raises
+        # ValueError as in an eager search (in the compiled search it
+        # would surface as a jax runtime error).
+        check_id_range(np.full((1,), start_id, "int32"), parts.vocab_size, "`start_id`")
+        embedding = parts.encoder_embedding
+        check_id_range(np.asarray(source_ids), embedding.vocab_size, f"The inputs of {embedding.name}")
+        attention_axis = 2 if return_attention_scores else None  # GreedySearch.finalize
+        return compiled.run_compiled(search, parts.model, source_ids, setting, pad_id,
+                                     parts.source_sequence_length, attention_axis)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     blocked = tuple(sorted({int(i) for i in (pad_id, start_id, *suppressed_ids) if i is not None}))
     vocab = parts.vocab_size
