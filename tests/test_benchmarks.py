@@ -84,3 +84,29 @@ def test_decoding_profile_counts_ops_per_while_loop_step():
     lines = profile.format_table(steps, table, wall_seconds=0.05)
     assert lines[0] == "decoding steps: 3; ops: 13 (4.3 a step); kernel time 0.0 ms; wall time 50.0 ms"
     assert lines[2].split() == ["_MklMatMul", "1.0", "0.030", "10.00", "75.9%"]
+
+
+def test_accelerator_check_trains_on_the_rows_make_dataset_makes():
+    """`benchmarks/accelerator.py` fits on NumPy rows it builds itself (the
+    GPU machine has no TensorFlow): with the fixed segmentation they are the
+    rows of `make_dataset` (source + end; start + target; target + end),
+    padded with 0, as a multiset of rows."""
+    from keras_transformer import make_dataset
+    from keras_transformer import train_subword_tokenizer
+    from keras_transformer.data import make_synthetic_corpus
+
+    bench = _load("accelerator")
+    en, de = make_synthetic_corpus(300, seed=3)
+    src_tok, tgt_tok = train_subword_tokenizer(en, vocab_size=150), train_subword_tokenizer(de, vocab_size=150)
+    source, decoder_inputs, labels, kept = bench.token_arrays(src_tok, tgt_tok, en, de, length=40)
+    assert kept == list(range(300))
+    assert source.shape == decoder_inputs.shape == labels.shape == (300, 40)
+
+    def rows(*arrays):
+        return sorted(tuple(tuple(int(t) for t in a[a != 0]) for a in parts) for parts in zip(*arrays))
+
+    want = []
+    for x, y in make_dataset(en, de, src_tok, tgt_tok, sequence_length=40, batch_size=64, shuffle=False):
+        want += rows(x["encoder_inputs"].numpy(), x["decoder_inputs"].numpy(), y.numpy())
+    assert rows(source, decoder_inputs, labels) == sorted(want)
+    assert decoder_inputs[0, 0] == tgt_tok.start_id and source[0, (source[0] != 0).sum() - 1] == src_tok.end_id
