@@ -464,8 +464,11 @@ def train(config, verbose=1):
     # Compiled steps (jax, or XLA on tensorflow) compile once per batch
     # shape: batches padded to their bucket's upper length give one shape
     # per bucket instead of one per longest sentence (on jax, a second epoch
-    # of 600 synthetic pairs took 8.5 s without, 0.4 s with).
-    compiled = _train_step_jit_compile(config)
+    # of 600 synthetic pairs took 8.5 s without, 0.4 s with). Batches of a
+    # fixed number of sentences (`tokens_per_batch` 0) are then grouped by
+    # length into the same buckets too, or each longest sentence would
+    # compile a step of its own.
+    compiled = bool(_train_step_jit_compile(config))
 
     def dataset(src, tgt, shuffle, subword_alpha=None):
         return make_dataset(
@@ -476,7 +479,8 @@ def train(config, verbose=1):
             shuffle=shuffle,
             seed=config.seed,
             batch_multiple=batch_multiple,
-            pad_to_bucket_boundary=compiled and bool(config.tokens_per_batch),
+            bucket_boundaries="auto" if compiled else None,
+            pad_to_bucket_boundary=compiled,
             subword_alpha=subword_alpha,
         )
 
