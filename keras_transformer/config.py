@@ -60,7 +60,7 @@ class TrainingConfig:
             choose), `torch.compile` on torch; on jax the step is always
             compiled by XLA.
         distribution: None (one device), `"data_parallel"` (all local
-            devices) or `"multi_worker"` (several hosts); see
+            devices) or `"multi_worker"` (several hosts, jax only); see
             `keras_transformer.distribution`. The global batch is what
             `tokens_per_batch` / `batch_size` say.
         precision: `"auto"` (default), `"float32"`, `"mixed_bfloat16"` or

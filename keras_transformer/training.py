@@ -60,6 +60,7 @@ from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.trainer import train_subword_tokenizer
+from keras_transformer.distribution import initialize as initialize_distribution
 from keras_transformer.distribution import data_parallel_scope
 from keras_transformer.distribution import num_replicas
 
@@ -400,9 +401,11 @@ def train(config, verbose=1):
             the training state after the last finished step is saved, and
             `train` on the same folder resumes it.
     """
+    # Before any backend op or device query (`distribution.initialize`).
+    initialize_distribution(config.distribution)
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
-    model_config = config.model_config()  # an unknown preset fails here, first
+    model_config = config.model_config()  # an unknown preset fails here
     model_config["dtype"] = resolve_precision(config.precision, model_config["d_model"])
     if bool(config.val_src) != bool(config.val_tgt):
         raise ValueError(
