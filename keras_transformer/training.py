@@ -45,6 +45,10 @@ from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
+from keras_transformer.devices import has_accelerator
+from keras_transformer.distribution import data_parallel_scope
+from keras_transformer.distribution import initialize as initialize_distribution
+from keras_transformer.distribution import num_replicas
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.tokenizers.subword_tokenizer import check_alpha
 from keras_transformer.metrics import MaskedAccuracy
@@ -60,9 +64,6 @@ from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.trainer import train_subword_tokenizer
-from keras_transformer.distribution import initialize as initialize_distribution
-from keras_transformer.distribution import data_parallel_scope
-from keras_transformer.distribution import num_replicas
 
 
 def _tokenizer(path, data, vocab_size, lowercase):
@@ -471,7 +472,7 @@ def train(config, verbose=1):
     # fixed number of sentences (`tokens_per_batch` 0) are then grouped by
     # length into the same buckets too, or each longest sentence would
     # compile a step of its own.
-    compiled = bool(_train_step_jit_compile(config))
+    compiled = _step_is_compiled(config)
 
     def dataset(src, tgt, shuffle, subword_alpha=None):
         return make_dataset(
@@ -492,6 +493,17 @@ def train(config, verbose=1):
 
     with data_parallel_scope(config.distribution):
         return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose)
+
+
+def _step_is_compiled(config):
+    """Whether the train step runs compiled (XLA on jax or tensorflow):
+    `jit_compile="auto"` is resolved as Keras resolves it
+    (`resolve_auto_jit_compile`: XLA on tensorflow with an accelerator, not
+    on a CPU, never on torch)."""
+    jit_compile = _train_step_jit_compile(config)
+    if jit_compile == "auto":
+        return keras.backend.backend() == "tensorflow" and has_accelerator()
+    return bool(jit_compile)
 
 
 def _train_step_jit_compile(config):
