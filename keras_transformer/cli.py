@@ -138,7 +138,8 @@ def _add_training_args(parser):
                         help="compile the train step with XLA (tensorflow; on jax it always is)")
     parser.add_argument("--distribution", choices=["data_parallel", "multi_worker"],
                         help="data-parallel training over all local devices, or over several "
-                             "hosts (TF_CONFIG on tensorflow, keras.distribution.initialize on jax)")
+                             "hosts (jax only: keras.distribution.initialize reads "
+                             "KERAS_DISTRIBUTION_*)")
     parser.add_argument("--precision", default=defaults.precision,
                         choices=PRECISIONS,
                         help="compute dtype policy (default: auto = mixed_bfloat16 on a CPU with "

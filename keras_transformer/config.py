@@ -42,7 +42,11 @@ class TrainingConfig:
         lowercase: lowercase the text before tokenizing.
         tokens_per_batch: token budget per batch (per side), with length
             bucketing; `batch_size` is used when it is None.
-        batch_size: sentences per batch when `tokens_per_batch` is None or 0.
+        batch_size: sentences per batch when `tokens_per_batch` is None or 0
+            (plain padded batches; when the step is compiled, on jax or
+            with `jit_compile`, batches of sentences of similar length,
+            padded to their length bucket, so that it compiles once a
+            bucket).
         epochs: passes over the training data.
         warmup_steps, lr_scale: `WarmupSchedule` (section 5.3).
         label_smoothing: epsilon of section 5.4 (0.1 in the paper).
@@ -56,7 +60,7 @@ class TrainingConfig:
             choose), `torch.compile` on torch; on jax the step is always
             compiled by XLA.
         distribution: None (one device), `"data_parallel"` (all local
-            devices) or `"multi_worker"` (several hosts); see
+            devices) or `"multi_worker"` (several hosts, jax only); see
             `keras_transformer.distribution`. The global batch is what
             `tokens_per_batch` / `batch_size` say.
         precision: `"auto"` (default), `"float32"`, `"mixed_bfloat16"` or

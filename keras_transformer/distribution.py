@@ -2,9 +2,9 @@
 
 `data_parallel_scope(strategy)` wraps model building, `compile` and `fit`:
 
-- tensorflow: `tf.distribute.MirroredStrategy` over the local devices, or
-  `tf.distribute.MultiWorkerMirroredStrategy` across hosts (each host reads
-  its role from the `TF_CONFIG` environment variable);
+- tensorflow: `tf.distribute.MirroredStrategy` over the local devices;
+  across hosts it raises (Keras's `fit` cannot build a model with dict
+  inputs under `tf.distribute.MultiWorkerMirroredStrategy`);
 - jax: `keras.distribution.DataParallel` over every device the jax runtime
   sees; across hosts, call `keras.distribution.initialize()` first (it reads
   the coordinator address, process count and process id from the
@@ -37,7 +37,7 @@ def num_replicas(strategy):
     """
     if strategy is None:
         return 1
-    _check(strategy)
+    initialize(strategy)
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
@@ -53,6 +53,15 @@ _TORCH_MESSAGE = (
     "the jax backend (keras.distribution.DataParallel); set KERAS_BACKEND to one of "
     "them, or train without a distribution strategy."
 )
+_TF_MULTI_WORKER_MESSAGE = (
+    "distribution='multi_worker' does not train on the tensorflow backend: Keras "
+    "builds the model from the first batch reduced with "
+    "MultiWorkerMirroredStrategy.reduce, which does not take the dict of model "
+    "inputs (it fails with 'Attempt to convert a value ({...}) with an unsupported "
+    "type (<class 'dict'>) to a Tensor'). Train across hosts on jax "
+    "(KERAS_BACKEND=jax, docs/training.md), or on one host with "
+    "distribution='data_parallel'."
+)
 _TF_STRATEGIES = {}
 
 
@@ -64,17 +73,52 @@ def _check(strategy):
 
 
 def _tf_strategy(strategy):
-    # One strategy object per process: TensorFlow allows a single
-    # MultiWorkerMirroredStrategy, and its collectives are set up once.
+    # One strategy object per process ("data_parallel": `initialize` refuses
+    # "multi_worker" on tensorflow).
     if strategy not in _TF_STRATEGIES:
         import tensorflow as tf
 
-        _TF_STRATEGIES[strategy] = (
-            tf.distribute.MirroredStrategy()
-            if strategy == "data_parallel"
-            else tf.distribute.MultiWorkerMirroredStrategy()
-        )
+        _TF_STRATEGIES[strategy] = tf.distribute.MirroredStrategy()
     return _TF_STRATEGIES[strategy]
+
+
+def initialize(strategy):
+    """Set up `strategy` before anything else runs on the backend.
+
+    `train` calls this first: on jax, `keras.distribution.initialize()`
+    (for `"multi_worker"`) must run before anything queries the devices
+    (`jax.distributed.initialize() must be called before any JAX calls`).
+    On tensorflow it creates the `MirroredStrategy`. Calling it again is a
+    no-op.
+
+    Args:
+        strategy: None (nothing to do), `"data_parallel"` or
+            `"multi_worker"`.
+
+    Raises:
+        ValueError: for an unknown strategy, the torch backend, or
+            `"multi_worker"` on tensorflow (the message says why, and
+            what to use instead).
+    """
+    if strategy is None:
+        return
+    _check(strategy)
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        if strategy == "multi_worker":
+            raise ValueError(_TF_MULTI_WORKER_MESSAGE)
+        _tf_strategy(strategy)
+    elif backend == "jax":
+        if strategy == "multi_worker" and not _JAX_INITIALIZED:
+            # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and
+            # _PROCESS_ID; afterwards jax sees the devices of every host.
+            keras.distribution.initialize()
+            _JAX_INITIALIZED.append(True)
+    else:
+        raise ValueError(_TORCH_MESSAGE)
+
+
+_JAX_INITIALIZED = []
 
 
 def data_parallel_scope(strategy):
@@ -100,17 +144,10 @@ def data_parallel_scope(strategy):
     """
     if strategy is None:
         return contextlib.nullcontext()
-    _check(strategy)
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
+    initialize(strategy)
+    if keras.backend.backend() == "tensorflow":
         return _tf_strategy(strategy).scope()
-    if backend == "jax":
-        if strategy == "multi_worker":
-            # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and
-            # _PROCESS_ID; afterwards jax sees the devices of every host.
-            keras.distribution.initialize()
-        return _jax_scope()
-    raise ValueError(_TORCH_MESSAGE)
+    return _jax_scope()
 
 
 @contextlib.contextmanager

@@ -13,8 +13,10 @@ one of `PRECISIONS`:
   about 4x slower than float32 on a CPU without them, where bfloat16
   matmuls are emulated.
 - `"mixed_float16"`: the GPU policy (float16 compute, with the loss scaling
-  that `model.compile` adds for it). Not the default anywhere: it was not
-  measured here.
+  that `model.compile` adds for it). Not the default anywhere: on an H200
+  the width-128 Multi30k model trained with float32's validation loss
+  curve in it, but slower than in float32 on jax and torch (its matmuls
+  are too small to pay for the casts; docs/benchmarks.md).
 - `"auto"` (the default): `"mixed_bfloat16"` on the tensorflow backend when
   no GPU is visible, the CPU has bfloat16 instructions and `d_model` is at
   least `BFLOAT16_MIN_D_MODEL` (256); `"float32"` otherwise. That is the

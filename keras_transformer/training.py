@@ -45,6 +45,10 @@ from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
+from keras_transformer.devices import has_accelerator
+from keras_transformer.distribution import data_parallel_scope
+from keras_transformer.distribution import initialize as initialize_distribution
+from keras_transformer.distribution import num_replicas
 from keras_transformer.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.tokenizers.subword_tokenizer import check_alpha
 from keras_transformer.metrics import MaskedAccuracy
@@ -60,8 +64,6 @@ from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.trainer import train_subword_tokenizer
-from keras_transformer.distribution import data_parallel_scope
-from keras_transformer.distribution import num_replicas
 
 
 def _tokenizer(path, data, vocab_size, lowercase):
@@ -400,9 +402,11 @@ def train(config, verbose=1):
             the training state after the last finished step is saved, and
             `train` on the same folder resumes it.
     """
+    # Before any backend op or device query (`distribution.initialize`).
+    initialize_distribution(config.distribution)
     keras.utils.set_random_seed(config.seed)
     out = config.output_dir
-    model_config = config.model_config()  # an unknown preset fails here, first
+    model_config = config.model_config()  # an unknown preset fails here
     model_config["dtype"] = resolve_precision(config.precision, model_config["d_model"])
     if bool(config.val_src) != bool(config.val_tgt):
         raise ValueError(
@@ -464,8 +468,11 @@ def train(config, verbose=1):
     # Compiled steps (jax, or XLA on tensorflow) compile once per batch
     # shape: batches padded to their bucket's upper length give one shape
     # per bucket instead of one per longest sentence (on jax, a second epoch
-    # of 600 synthetic pairs took 8.5 s without, 0.4 s with).
-    compiled = _train_step_jit_compile(config)
+    # of 600 synthetic pairs took 8.5 s without, 0.4 s with). Batches of a
+    # fixed number of sentences (`tokens_per_batch` 0) are then grouped by
+    # length into the same buckets too, or each longest sentence would
+    # compile a step of its own.
+    compiled = _step_is_compiled(config)
 
     def dataset(src, tgt, shuffle, subword_alpha=None):
         return make_dataset(
@@ -476,7 +483,8 @@ def train(config, verbose=1):
             shuffle=shuffle,
             seed=config.seed,
             batch_multiple=batch_multiple,
-            pad_to_bucket_boundary=compiled and bool(config.tokens_per_batch),
+            bucket_boundaries="auto" if compiled else None,
+            pad_to_bucket_boundary=compiled,
             subword_alpha=subword_alpha,
         )
 
@@ -485,6 +493,17 @@ def train(config, verbose=1):
 
     with data_parallel_scope(config.distribution):
         return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose)
+
+
+def _step_is_compiled(config):
+    """Whether the train step runs compiled (XLA on jax or tensorflow):
+    `jit_compile="auto"` is resolved as Keras resolves it
+    (`resolve_auto_jit_compile`: XLA on tensorflow with an accelerator, not
+    on a CPU, never on torch)."""
+    jit_compile = _train_step_jit_compile(config)
+    if jit_compile == "auto":
+        return keras.backend.backend() == "tensorflow" and has_accelerator()
+    return bool(jit_compile)
 
 
 def _train_step_jit_compile(config):

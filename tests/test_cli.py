@@ -551,30 +551,47 @@ def test_export_does_not_silently_replace_a_folder(tmp_path, capsys):
     assert (taken / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("jit_compile", [False, True])
-def test_compiled_training_pads_batches_to_their_bucket(tmp_path, monkeypatch, jit_compile):
+@pytest.mark.parametrize("tokens_per_batch", [512, 0])
+@pytest.mark.parametrize("jit_compile", [False, True, "auto"])
+def test_compiled_training_pads_batches_to_their_bucket(tmp_path, monkeypatch, jit_compile, tokens_per_batch):
     """XLA (and jax) compile once per batch shape: `train` pads each batch
-    to its bucket's upper length there, one shape per bucket."""
+    to its bucket's upper length there, one shape per bucket, also for
+    batches of a fixed number of sentences (`tokens_per_batch` 0, which
+    before were padded to their longest sentence, 22 or 24 tokens here,
+    one compiled step each); uncompiled, those stay plain padded batches."""
     import keras_transformer.training as training
 
     data = tmp_path / "data"
-    write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
+    write_synthetic_corpus(str(data), n_train=200, n_val=10, seed=3)
     seen = {}
 
     def fake_make_dataset(*args, **kwargs):
-        seen.update(kwargs)
+        seen.update(kwargs, args=args)
         raise KeyboardInterrupt  # stop before training
 
     monkeypatch.setattr(training, "make_dataset", fake_make_dataset)
     config = training.TrainingConfig(
         train_src=str(data / "train.en"), train_tgt=str(data / "train.de"),
         output_dir=str(tmp_path / "run"), preset="tiny", sequence_length=24,
-        src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=512, jit_compile=jit_compile,
+        src_vocab_size=100, tgt_vocab_size=100, tokens_per_batch=tokens_per_batch, batch_size=16,
+        jit_compile=jit_compile,
     )
     with pytest.raises(KeyboardInterrupt):
         training.train(config, verbose=0)
-    compiled = jit_compile or keras.backend.backend() == "jax"
+    # "auto" is not XLA on a CPU (Keras's rule); it counted as compiled before.
+    compiled = jit_compile is True or keras.backend.backend() == "jax"
     assert seen["pad_to_bucket_boundary"] is compiled
+    args = seen.pop("args")
+    from keras_transformer.data import make_dataset
+    from keras_transformer.data.pipeline import auto_bucket_boundaries
+
+    shapes = {(x["encoder_inputs"].shape[1], y.shape[1]) for x, y in make_dataset(*args, **seen)}
+    lengths = {length for pair in shapes for length in pair}
+    if compiled:
+        bounds = [b - 1 for b in auto_bucket_boundaries(24)]
+        assert lengths <= set(bounds), (shapes, bounds)
+    elif not tokens_per_batch:
+        assert seen["bucket_boundaries"] is None  # plain padded batches
 
 
 def _scalars(folder):

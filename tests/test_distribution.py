@@ -179,3 +179,60 @@ def test_train_with_data_parallel_on_two_devices_runs_an_epoch(backend, data, tm
 def test_unknown_strategy_is_a_clear_error():
     with pytest.raises(ValueError, match="Unknown distribution strategy 'mirrored'"):
         data_parallel_scope("mirrored")
+
+
+MULTI_WORKER_SCRIPT = r"""
+import json, os, sys
+from keras_transformer.data.synthetic import write_synthetic_corpus
+from keras_transformer.training import TrainingConfig, train
+out = sys.argv[1]
+write_synthetic_corpus(out, n_train=200, n_val=20, seed=1)
+config = TrainingConfig(
+    os.path.join(out, "train.en"), os.path.join(out, "train.de"), output_dir=os.path.join(out, "run"),
+    preset="tiny", num_layers=1, sequence_length=16, src_vocab_size=100, tgt_vocab_size=100,
+    epochs=1, distribution="multi_worker",
+)
+train(config, verbose=0)
+import jax
+logs = open(os.path.join(out, "run", "log.csv")).read().splitlines()
+row = dict(zip(logs[0].split(","), logs[-1].split(",")))
+print("RESULT " + json.dumps({"loss": float(row["loss"]), "processes": jax.process_count()}))
+"""
+
+
+def test_multi_worker_on_jax_initializes_the_processes_before_counting_devices(tmp_path):
+    """`train(distribution="multi_worker")` on jax, as one process of a
+    one-process job on localhost: `keras.distribution.initialize()` runs
+    before anything queries the devices. Before, `train` counted the
+    devices first, and the initialization failed with
+    "jax.distributed.initialize() must be called before any JAX calls"."""
+    pytest.importorskip("jax")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, KERAS_BACKEND="jax", KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+               KERAS_DISTRIBUTION_NUM_PROCESSES="1", KERAS_DISTRIBUTION_PROCESS_ID="0")
+    done = subprocess.run([sys.executable, "-c", MULTI_WORKER_SCRIPT, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["processes"] == 1
+    assert 0 < result["loss"] < 20, result
+
+
+def test_multi_worker_on_tensorflow_is_refused_with_the_reason():
+    """Two tensorflow workers on localhost failed inside Keras's `fit`
+    (MultiWorkerMirroredStrategy.reduce of the dict of inputs), after
+    creating the strategy too late ("Collective ops must be configured at
+    program startup"): `train` now refuses it first, and says what to use."""
+    import keras
+
+    from keras_transformer.distribution import initialize
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the tensorflow strategy")
+    with pytest.raises(ValueError, match=r"multi_worker.*tensorflow.*KERAS_BACKEND=jax.*data_parallel"):
+        initialize("multi_worker")
