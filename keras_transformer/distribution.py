@@ -6,8 +6,9 @@
   across hosts it raises (Keras's `fit` cannot build a model with dict
   inputs under `tf.distribute.MultiWorkerMirroredStrategy`);
 - jax: `keras.distribution.DataParallel` over every device the jax runtime
-  sees; across hosts, call `keras.distribution.initialize()` first (it reads
-  the coordinator address, process count and process id from the
+  sees; across hosts (`"multi_worker"`), `initialize` calls
+  `keras.distribution.initialize()` unless the caller did (it reads the
+  coordinator address, process count and process id from the
   `KERAS_DISTRIBUTION_*` environment variables or its arguments);
 - torch: not supported here; it raises.
 
@@ -109,16 +110,15 @@ def initialize(strategy):
             raise ValueError(_TF_MULTI_WORKER_MESSAGE)
         _tf_strategy(strategy)
     elif backend == "jax":
-        if strategy == "multi_worker" and not _JAX_INITIALIZED:
+        import jax
+
+        if strategy == "multi_worker" and not jax.distributed.is_initialized():
             # Reads KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and
             # _PROCESS_ID; afterwards jax sees the devices of every host.
+            # (Skipped when the caller initialized jax's processes already.)
             keras.distribution.initialize()
-            _JAX_INITIALIZED.append(True)
     else:
         raise ValueError(_TORCH_MESSAGE)
-
-
-_JAX_INITIALIZED = []
 
 
 def data_parallel_scope(strategy):

@@ -498,11 +498,13 @@ def train(config, verbose=1):
 def _step_is_compiled(config):
     """Whether the train step runs compiled (XLA on jax or tensorflow):
     `jit_compile="auto"` is resolved as Keras resolves it
-    (`resolve_auto_jit_compile`: XLA on tensorflow with an accelerator, not
-    on a CPU, never on torch)."""
+    (`Trainer._resolve_auto_jit_compile`: XLA on tensorflow with an
+    accelerator and no `tf.distribute` strategy; not on a CPU, never on
+    torch)."""
     jit_compile = _train_step_jit_compile(config)
     if jit_compile == "auto":
-        return keras.backend.backend() == "tensorflow" and has_accelerator()
+        return (keras.backend.backend() == "tensorflow" and config.distribution is None
+                and has_accelerator())
     return bool(jit_compile)
 
 

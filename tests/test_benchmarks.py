@@ -89,8 +89,9 @@ def test_decoding_profile_counts_ops_per_while_loop_step():
 def test_accelerator_check_trains_on_the_rows_make_dataset_makes():
     """`benchmarks/accelerator.py` fits on NumPy rows it builds itself (the
     GPU machine has no TensorFlow): with the fixed segmentation they are the
-    rows of `make_dataset` (source + end; start + target; target + end),
-    padded with 0, as a multiset of rows."""
+    rows of `make_dataset` (source + end; start + target; target + end; cut
+    to the sequence length; empty sides dropped), padded with 0, as a
+    multiset of rows."""
     from keras_transformer import make_dataset
     from keras_transformer import train_subword_tokenizer
     from keras_transformer.data import make_synthetic_corpus
@@ -98,15 +99,18 @@ def test_accelerator_check_trains_on_the_rows_make_dataset_makes():
     bench = _load("accelerator")
     en, de = make_synthetic_corpus(300, seed=3)
     src_tok, tgt_tok = train_subword_tokenizer(en, vocab_size=150), train_subword_tokenizer(de, vocab_size=150)
-    source, decoder_inputs, labels, kept = bench.token_arrays(src_tok, tgt_tok, en, de, length=40)
+    en, de = en + ["", "A dog runs."], de + ["Ein Hund läuft.", "   "]  # dropped, as by make_dataset
+    # Length 12 cuts many sentences (as make_dataset does).
+    source, decoder_inputs, labels, kept = bench.token_arrays(src_tok, tgt_tok, en, de, length=12)
     assert kept == list(range(300))
-    assert source.shape == decoder_inputs.shape == labels.shape == (300, 40)
+    assert source.shape == decoder_inputs.shape == labels.shape == (300, 12)
+    assert (source[:, -1] != 0).sum() > 30  # cut, and ended with the end id
 
     def rows(*arrays):
         return sorted(tuple(tuple(int(t) for t in a[a != 0]) for a in parts) for parts in zip(*arrays))
 
     want = []
-    for x, y in make_dataset(en, de, src_tok, tgt_tok, sequence_length=40, batch_size=64, shuffle=False):
+    for x, y in make_dataset(en, de, src_tok, tgt_tok, sequence_length=12, batch_size=64, shuffle=False):
         want += rows(x["encoder_inputs"].numpy(), x["decoder_inputs"].numpy(), y.numpy())
     assert rows(source, decoder_inputs, labels) == sorted(want)
     assert decoder_inputs[0, 0] == tgt_tok.start_id and source[0, (source[0] != 0).sum() - 1] == src_tok.end_id

@@ -390,6 +390,51 @@ def test_jax_searches_compile_once_per_setting_and_padded_shape(parts):
     np.testing.assert_allclose(to_numpy(beams[1]), to_numpy(want[1]), rtol=1e-6, atol=1e-6)
 
 
+def test_jax_compiled_search_pads_with_the_models_id_and_keeps_each_parts_object():
+    """The compiled jax search (a review found these wrong): it pads sources
+    with the model's `pad_id` (1 here), not the search's; a search inside
+    the caller's own `jax.jit` with NumPy ids is traced there (the host-side
+    id check failed on the traced weights); a `TransformerParts` subclass
+    keeps its own compiled search per object (a second object with another
+    bias got the first one's); `suppressed_ids` may hold None."""
+    if keras.backend.backend() != "jax":
+        pytest.skip("the compiled search is jax's")
+    import jax
+
+    keras.utils.set_random_seed(1)
+    model = build_transformer(30, 25, num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.0,
+                              sequence_length=40, pad_id=1)
+    parts = TransformerParts(model, pad_id=1)
+    sources = np.array([[5, 6, 7, END, 1], [8, 9, 10, 11, END]], "int32")
+    search = dict(start_id=START, end_id=END, pad_id=1, suppressed_ids=(None,))
+    want = jax.jit(lambda ids: greedy_search(parts, ids, **search))(sources)  # traced: no padding
+    got = greedy_search(parts, sources, **search)  # compiled: padded to 16 columns with 1
+    np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(want[0]))
+    np.testing.assert_allclose(to_numpy(got[1]), to_numpy(want[1]), rtol=1e-6, atol=1e-6)
+
+    variables = list(model.variables)
+
+    def doubled(values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return greedy_search(parts, sources, **search)
+
+    inside = jax.jit(doubled)([v.value for v in variables])
+    np.testing.assert_array_equal(to_numpy(inside[0]), to_numpy(want[0]))
+
+    class Biased(TransformerParts):
+        def __init__(self, model, token):
+            super().__init__(model, pad_id=1)
+            self.token = token
+
+        def decode_step(self, *args, **kwargs):
+            logits, *rest = super().decode_step(*args, **kwargs)
+            return (logits + 100.0 * ops.one_hot(self.token, self.vocab_size), *rest)
+
+    for token in (7, 9):
+        tokens = to_numpy(greedy_search(Biased(model, token), sources, **search)[0])
+        assert (tokens[:, :-1] == token).all(), (token, tokens)
+
+
 def _teacher_forced_log_prob(model, source, output):
     """log P(output | source) under the full model, the output ending with
     END (and padded after it)."""

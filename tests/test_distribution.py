@@ -196,7 +196,8 @@ train(config, verbose=0)
 import jax
 logs = open(os.path.join(out, "run", "log.csv")).read().splitlines()
 row = dict(zip(logs[0].split(","), logs[-1].split(",")))
-print("RESULT " + json.dumps({"loss": float(row["loss"]), "processes": jax.process_count()}))
+print("RESULT " + json.dumps({"loss": float(row["loss"]), "processes": jax.process_count(),
+                              "initialized": jax.distributed.is_initialized()}))
 """
 
 
@@ -219,7 +220,7 @@ def test_multi_worker_on_jax_initializes_the_processes_before_counting_devices(t
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
-    assert result["processes"] == 1
+    assert result["initialized"] is True and result["processes"] == 1, result
     assert 0 < result["loss"] < 20, result
 
 

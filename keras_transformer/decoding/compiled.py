@@ -22,20 +22,27 @@ import numpy as np
 # Source lengths are padded up to a multiple of this (see the module docstring).
 LENGTH_BUCKET = 16
 
-# The model attribute holding {search setting: jitted search}. It is set past
-# Keras's attribute tracking (the searches are not state to save), and lives
-# and dies with the model (the searches refer to it).
+# The model attribute holding {search setting: (variable ids, jitted search)}.
+# It is set past Keras's attribute tracking (the searches are not state to
+# save), and lives and dies with the model (the searches refer to it).
 _ATTRIBUTE = "_keras_transformer_compiled_searches"
+# Searches kept per model; the oldest goes first beyond this.
+MAX_SEARCHES = 32
 
 
 def applies(source_ids):
     """Whether a search on `source_ids` runs compiled here: the jax backend,
-    outside a caller's `jax.jit`."""
+    outside any trace of a caller (`jax.jit`, `jax.grad`, ...), whether or
+    not `source_ids` itself is traced (NumPy ids inside a caller's
+    `jax.jit` are constants of its trace; the weights may be traced)."""
     if keras.backend.backend() != "jax":
         return False
     import jax
 
-    return not isinstance(source_ids, jax.core.Tracer)
+    if isinstance(source_ids, jax.core.Tracer):
+        return False
+    # Inside a trace every new array is a tracer of that trace.
+    return not isinstance(jax.numpy.zeros(()), jax.core.Tracer)
 
 
 def bucketed_length(length, limit):
@@ -54,8 +61,11 @@ def run_compiled(search, model, source_ids, setting, pad_id, source_limit, atten
         model: the `Transformer` whose variables `search` reads.
         source_ids: int `(batch, source_length)`, padded with `pad_id`.
         setting: hashable, everything else the search depends on (the
-            strategy and its parameters, the special ids, the limits).
-        pad_id: int, the source padding id.
+            strategy and its parameters, the special ids, the limits, the
+            `TransformerParts`). A search is compiled again when the
+            model's variables are other objects than when it was compiled
+            (after `model.quantize`, say), and that older one is dropped.
+        pad_id: int, the model's source padding id.
         source_limit: int, the longest source the encoder takes.
         attention_axis: index of an output whose last axis is the source
             (attention weights), cut back to the unpadded length.
@@ -74,19 +84,22 @@ def run_compiled(search, model, source_ids, setting, pad_id, source_limit, atten
             constant_values=pad_id,
         )
     variables = list(model.variables)
-    key = (setting, len(variables))
+    identity = tuple(id(v) for v in variables)
     per_model = model.__dict__.get(_ATTRIBUTE)
     if per_model is None:
         per_model = {}
         object.__setattr__(model, _ATTRIBUTE, per_model)
-    if key not in per_model:
+    if setting not in per_model or per_model[setting][0] != identity:
 
         def pure(values, ids):
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 return tuple(search(ids))
 
-        per_model[key] = jax.jit(pure)
-    outputs = per_model[key]([v.value for v in variables], source_ids)
+        per_model.pop(setting, None)
+        while len(per_model) >= MAX_SEARCHES:
+            per_model.pop(next(iter(per_model)))
+        per_model[setting] = (identity, jax.jit(pure))
+    outputs = per_model[setting][1]([v.value for v in variables], source_ids)
     if attention_axis is not None and padded > length:
         outputs = list(outputs)
         outputs[attention_axis] = outputs[attention_axis][..., :length]

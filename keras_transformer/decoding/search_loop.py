@@ -44,6 +44,7 @@ from keras_transformer.decoding.growing_cache import relax_batch
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.limits import flatten_caches
 from keras_transformer.decoding.limits import unflatten_caches
+from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.layers.id_range import check_id_range
 
 
@@ -89,11 +90,14 @@ def dynamic_decode(
         (`decoding.compiled`).
     """
     if compiled.applies(source_ids) and hasattr(parts, "model"):
+        # A `TransformerParts` is its model and cache layout; a subclass may
+        # hold more, so its searches are kept per object.
+        parts_key = (type(parts), bool(getattr(parts, "growing_cache", False))) \
+            if type(parts) is TransformerParts else ("object", id(parts))
         setting = (
-            type(parts), bool(getattr(parts, "growing_cache", False)), type(strategy),
-            tuple(sorted(vars(strategy).items())), int(start_id), int(end_id), int(pad_id),
-            max_length, length_ratio, length_offset, tuple(int(i) for i in suppressed_ids),
-            bool(return_attention_scores),
+            parts_key, type(strategy), tuple(sorted(vars(strategy).items())), int(start_id),
+            int(end_id), int(pad_id), max_length, length_ratio, length_offset,
+            tuple(int(i) for i in suppressed_ids if i is not None), bool(return_attention_scores),
         )
 
         def search(ids):
@@ -110,7 +114,7 @@ def dynamic_decode(
         embedding = parts.encoder_embedding
         check_id_range(np.asarray(source_ids), embedding.vocab_size, f"The inputs of {embedding.name}")
         attention_axis = 2 if return_attention_scores else None  # GreedySearch.finalize
-        return compiled.run_compiled(search, parts.model, source_ids, setting, pad_id,
+        return compiled.run_compiled(search, parts.model, source_ids, setting, parts.pad_id,
                                      parts.source_sequence_length, attention_axis)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     blocked = tuple(sorted({int(i) for i in (pad_id, start_id, *suppressed_ids) if i is not None}))
