@@ -7,13 +7,14 @@ called on batch after batch then spends most of its time compiling. Here
 the whole search runs in one `jax.jit` that takes the model's variables as
 arguments (`keras.StatelessScope`), kept per model and per search setting:
 each shape of `source_ids` compiles once. The source length is padded with
-`pad_id` to a multiple of `LENGTH_BUCKET` (at most the encoder's
-`sequence_length`) so that batches of nearby lengths share one compiled
-search; padding is masked, so the outputs are those of the unpadded batch.
+the model's `pad_id` to a multiple of `LENGTH_BUCKET` (at most the
+encoder's `sequence_length`) so that batches of nearby lengths share one
+compiled search; padding is masked, so the outputs are those of the
+unpadded batch.
 
 Only `dynamic_decode` calls this; it is the jax switch of the one decoding
-loop. Inside a caller's own `jax.jit` (a traced `source_ids`) the search is
-traced into the caller's function instead.
+loop. Inside a caller's own trace (`jax.jit`, `jax.grad`, ...) the search
+is traced into the caller's function instead.
 """
 
 import keras
