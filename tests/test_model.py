@@ -3,6 +3,7 @@
 Backend-neutral: `tests/test_backends.py` re-runs this file on jax and torch.
 """
 
+import functools
 import os
 
 import keras
@@ -236,6 +237,69 @@ def test_c27_ragged_last_batch_fit_with_jit_then_predict():
     history = model.fit(x, y, batch_size=3, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert model.predict(x, batch_size=2, verbose=0).shape == (5, 5, 40)
+
+
+@pytest.mark.parametrize("bad", ["encoder_inputs", "decoder_inputs", "labels"])
+def test_ids_outside_the_vocabulary_stop_compiled_fit_evaluate_and_predict(bad):
+    """XLA compiles TensorFlow's asserts to nothing and clamps gathers: with
+    jit_compile=True an id outside the vocabulary trained on the table's
+    last row without a word. It is an error in every compiled step."""
+    model = small_model(num_layers=1)
+    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(),
+                  jit_compile=keras.backend.backend() != "torch")
+    x = inputs([[5, 6, 7, END]] * 4, [[START, 8, 9, 10]] * 4)
+    y = np.array([[8, 9, 10, END]] * 4, "int32")
+    if bad == "labels":
+        y[3, 2] = 40  # tgt_vocab_size 40
+    else:
+        x[bad][3, 1] = 30 if bad == "encoder_inputs" else 40
+    calls = {"fit": lambda: model.fit(x, y, batch_size=2, verbose=0),
+             "evaluate": lambda: model.evaluate(x, y, batch_size=2, verbose=0)}
+    if bad != "labels":
+        calls["predict"] = lambda: model.predict(x, batch_size=2, verbose=0)
+    for name, call in calls.items():
+        before = [to_numpy(w) for w in model.weights]
+        with pytest.raises(Exception, match=r"must be token ids in \[0, (30|40)\)"):
+            call()
+        if name != "fit":  # fit took one good step first
+            for a, b in zip(before, model.weights):
+                np.testing.assert_array_equal(a, to_numpy(b))
+    assert model.jit_compile is (keras.backend.backend() != "torch")
+    # The model is whole: on jax, Keras's loop had its variables in donated buffers.
+    good = inputs([[5, 6, 7, END]] * 2, [[START, 8, 9, 10]] * 2)
+    assert np.all(np.isfinite(model.predict(good, verbose=0)))
+
+
+def test_tensorflow_xla_steps_checked_outside_are_compiled_and_equal_keras_own():
+    """The checked steps are still XLA's, and train and evaluate exactly as
+    Keras's own XLA steps do on in-range ids."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the checks around an XLA step are TensorFlow's (elsewhere the model's checks raise)")
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+    x = inputs(rng.integers(4, 30, (6, 5)), rng.integers(4, 40, (6, 4)))
+    y = rng.integers(0, 40, (6, 4)).astype("int32")
+
+    def trained(keras_own_steps):
+        model = small_model(num_layers=1)
+        model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), jit_compile=True)
+        if keras_own_steps:
+            model.train_step = functools.partial(keras.Model.train_step, model)
+            model.test_step = functools.partial(keras.Model.test_step, model)
+        history = model.fit(x, y, batch_size=3, epochs=2, verbose=0)
+        return model, history.history["loss"], model.evaluate(x, y, batch_size=3, verbose=0)
+
+    checked, losses, evaluated = trained(False)
+    own, own_losses, own_evaluated = trained(True)
+    assert "train_step" in checked._xla_steps and "train_step" not in own.__dict__.get("_xla_steps", {})
+    np.testing.assert_allclose(losses, own_losses, rtol=1e-5)
+    np.testing.assert_allclose(evaluated, own_evaluated, rtol=1e-5)
+    for a, b in zip(checked.weights, own.weights):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=1e-4, atol=1e-6)
+    batch = ({k: tf.constant(v[:3]) for k, v in x.items()}, tf.constant(y[:3]))
+    assert "HloModule" in checked._xla_steps["train_step"].experimental_get_compiler_ir(batch)(stage="hlo")
+    assert checked.jit_compile is True
 
 
 def test_c03_random_targets_stay_near_chance():

@@ -13,6 +13,7 @@ from keras_transformer.layers.positional_embedding import PositionalEmbedding
 from keras_transformer.layers.transformer_decoder import TransformerDecoder
 from keras_transformer.layers.transformer_decoder import cached_step_masks
 from keras_transformer.layers.transformer_encoder import TransformerEncoder
+from keras_transformer.models.checked_steps import CheckedXLASteps
 from keras_transformer.models.presets import get_preset
 
 ENCODER_INPUTS = "encoder_inputs"
@@ -47,7 +48,7 @@ def check_sizes(**sizes):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Transformer(keras.Model):
+class Transformer(CheckedXLASteps, keras.Model):
     """The paper's encoder-decoder Transformer: a functional `keras.Model`
     that owns its layers and its step-by-step decoding calls.
 
@@ -65,6 +66,11 @@ class Transformer(keras.Model):
     `encoder_layers`, `decoder_layers`, `encoder_final_norm`,
     `decoder_final_norm`), and decoding goes through `call_encoder` and
     `call_decoder_with_cache` (as KerasHub's seq2seq models).
+
+    An id outside its vocabulary is an error in `fit`, `evaluate` and
+    `predict` on every backend, including tensorflow with
+    `jit_compile=True`, where the ids are checked around the XLA step
+    (`CheckedXLASteps`).
 
     Call: `{"encoder_inputs": int32 (batch, src_len), "decoder_inputs":
     int32 (batch, tgt_len)}` -> float32 logits `(batch, tgt_len,
@@ -270,6 +276,18 @@ class Transformer(keras.Model):
         if isinstance(config.get("activation"), dict):
             config["activation"] = keras.activations.deserialize(config["activation"])
         return cls(**config)
+
+    # === Ids checked around an XLA step (`CheckedXLASteps`) ===
+
+    def checked_id_inputs(self):
+        """`{input name: vocab_size}` of the two id inputs, in input order."""
+        return {ENCODER_INPUTS: self.src_vocab_size, DECODER_INPUTS: self.tgt_vocab_size}
+
+    def checked_labels(self):
+        """`(tgt_vocab_size, pad_id)` when the compiled loss masks labels by a
+        `pad_id` (`MaskedSparseCategoricalCrossentropy`), else None."""
+        pad_id = getattr(getattr(self, "loss", None), "pad_id", None)
+        return None if pad_id is None else (self.tgt_vocab_size, int(pad_id))
 
     # === Step-by-step decoding ===
     # One source is encoded once; the decoder then runs one position per

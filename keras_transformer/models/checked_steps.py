@@ -1,0 +1,184 @@
+"""Token ids checked before a compiled `fit`/`evaluate`/`predict` step.
+
+The model's layers check their ids (`check_id_range`), and that is enough
+eagerly, on torch, and in a TensorFlow graph. Two compiled steps need the
+check before them instead:
+
+- TensorFlow with `jit_compile=True`: XLA compiles the `Assert` op to
+  nothing and clamps the indices of a gather, so an id outside the
+  vocabulary would read the first or last row of the table: a silently
+  wrong loss, gradient or prediction.
+- jax: the check inside `jax.jit` raises, but only after Keras's step has
+  been given the model's variables as donated buffers, so the error leaves
+  the model without its weights ("Array has been deleted").
+"""
+
+import contextlib
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.id_range import check_id_range
+
+
+class CheckedXLASteps:
+    """Mixin for a `keras.Model` that takes token ids: checks each batch
+    before a compiled step, so that a bad id is a clear error and the model
+    stays as it was.
+
+    - tensorflow, `jit_compile=True`: `make_train_function` (and the test
+      and predict ones) compile the model's step with XLA on its own,
+      `tf.function(step, jit_compile=True)`, and build Keras's loop around
+      it without XLA; there the batch is checked in the graph before the
+      compiled step runs.
+    - jax: the step function Keras builds draws its batches and checks
+      them on the host before the jitted step; on a bad batch the model's
+      variables keep the values of the last good step.
+    - elsewhere (torch, `run_eagerly=True`, tensorflow without XLA) and for
+      a subclass or instance with its own step: Keras's steps, unchanged;
+      the checks inside the model raise there.
+
+    The model provides `checked_id_inputs()`, `{input name: vocab_size}`
+    for its id inputs in input order, and `checked_labels()`, `(vocab_size,
+    pad_id)` for labels that must be ids (`pad_id` excepted), or None.
+
+    Raises:
+        tf.errors.InvalidArgumentError: (tensorflow, at run time) for an
+            input or label id outside `[0, vocab_size)`.
+        ValueError: (jax) the same, before the step runs.
+    """
+
+    def make_train_function(self, force=False):
+        return self._make_checked("train", force, super().make_train_function)
+
+    def make_test_function(self, force=False):
+        return self._make_checked("test", force, super().make_test_function)
+
+    def make_predict_function(self, force=False):
+        return self._make_checked("predict", force, super().make_predict_function)
+
+    def train_step(self, *args, **kwargs):
+        return self._checked_step("train_step", *args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        return self._checked_step("test_step", *args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        return self._checked_step("predict_step", *args, **kwargs)
+
+    def checked_id_inputs(self):
+        raise NotImplementedError
+
+    def checked_labels(self):
+        return None
+
+    # === Internals ===
+
+    def _make_checked(self, kind, force, make):
+        if getattr(self, f"{kind}_function") is not None and not force:
+            return make(force)
+        steps = self.__dict__.setdefault("_xla_steps", {})
+        steps.pop(f"{kind}_step", None)
+        if not self._own_step(f"{kind}_step"):
+            return make(force)
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            with self._xla_step_inside(f"{kind}_step"):
+                return make(force)
+        result = make(force)
+        if backend == "jax":
+            function = getattr(self, f"{kind}_function")
+            setattr(self, f"{kind}_function", _checking_batches(function, self, kind))
+        return result
+
+    def _checked_step(self, name, *args, **kwargs):
+        # Keras's steps take `(data)` on tensorflow and `(state, data)` on jax.
+        compiled = self.__dict__.get("_xla_steps", {}).get(name)
+        if compiled is None:
+            return getattr(super(), name)(*args, **kwargs)
+        (data,) = args
+        return compiled(self._check_batch(data, labels=name != "predict_step"))
+
+    def _check_batch(self, data, labels):
+        """`data` with every id input (and label) checked against its
+        vocabulary (on tensorflow graphs, as control dependencies)."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        sizes = self.checked_id_inputs()
+        if isinstance(x, dict):
+            x = {k: check_id_range(v, sizes[k], f"`{k}`") if k in sizes else v for k, v in x.items()}
+        elif isinstance(x, (list, tuple)) and len(x) == len(sizes):
+            x = type(x)(check_id_range(v, size, f"`{k}`") for v, (k, size) in zip(x, sizes.items()))
+        label_check = self.checked_labels() if labels else None
+        if label_check is not None and y is not None and not isinstance(y, (dict, list, tuple)):
+            vocab_size, pad_id = label_check
+            ids = ops.cast(y, "int32")
+            checked = check_id_range(ops.where(ops.equal(ids, pad_id), 0, ids), vocab_size,
+                                     "The labels (apart from pad_id)")
+            if keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                with tf.control_dependencies([checked]):
+                    y = tf.identity(y)
+        if y is None and sample_weight is None:
+            return (x,) if isinstance(data, tuple) else x
+        return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+
+    def _own_step(self, name):
+        """Whether `name` is this mixin's step (not a subclass's or an
+        instance attribute's own), so that checking around Keras's is faithful."""
+        return name not in self.__dict__ and getattr(type(self), name) is getattr(CheckedXLASteps, name)
+
+    @contextlib.contextmanager
+    def _xla_step_inside(self, name):
+        """Keras builds its loop without XLA while `name` is compiled alone."""
+        if self.run_eagerly or self.jit_compile is not True:
+            yield
+            return
+        import tensorflow as tf
+
+        self._xla_steps[name] = tf.function(getattr(super(), name), jit_compile=True,
+                                            reduce_retracing=True)
+        self.jit_compile = False
+        try:
+            yield
+        finally:
+            self.jit_compile = True
+
+
+def _checking_batches(function, model, kind):
+    """Keras's jax step function `(state, iterator)` with the batches of
+    the step (`steps_per_execution` of them) drawn and checked before the
+    first jitted call; on a bad batch the model gets `state` back (Keras
+    keeps the variables only in `state` during the loop) and the error
+    rises."""
+
+    def step(state, iterator):
+        batches = []
+        for _ in range(model.steps_per_execution):
+            try:
+                batches.append(next(iterator))
+            except StopIteration:
+                break
+        if not batches:
+            raise StopIteration
+        try:
+            for data in batches:
+                model._check_batch(data, labels=kind != "predict")
+        except Exception:
+            _restore(model, kind, state)
+            raise
+        return function(state, iter(batches))
+
+    return step
+
+
+def _restore(model, kind, state):
+    """Assigns a jax step's `state` tuple back to the model's variables."""
+    groups = [model.trainable_variables, model.non_trainable_variables]
+    if kind == "train":
+        groups.append(model.optimizer.variables)
+    if kind in ("train", "test"):
+        groups.append(model.metrics_variables)
+    for variables, values in zip(groups, state):
+        for variable, value in zip(variables, values):
+            variable.assign(value)
