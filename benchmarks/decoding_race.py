@@ -231,6 +231,7 @@ def main():
     xla = {"jit_compile": True}
     hybrid = {"jit_compile": True, "xla_max_batch_size": args.xla_max_batch_size}
     old_runtime = {"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=false"}
+    no_onednn = {"TF_ENABLE_ONEDNN_OPTS": "0"}
     plan = [(given_name(p), "saved_model", lambda p=p: p, None) for p in saved_models]
     plan += [
         ("saved_model_now", "saved_model", lambda: export("now", weights_dtype), None),
@@ -255,6 +256,12 @@ def main():
          lambda: export("hybrid_2searches", parallel_searches=2, **hybrid), None),
         ("saved_model_now_hybrid_2searches_2x1_xla_old_runtime", "saved_model@2x1",
          lambda: export("hybrid_2searches", parallel_searches=2, **hybrid), old_runtime),
+        # TensorFlow's graph ops without oneDNN, which TensorFlow turns on by
+        # default on CPUs with AVX-512 (TF Serving reads the same variable).
+        ("saved_model_now_1thread_onednn_off", "saved_model@1x1", lambda: export("now", weights_dtype),
+         no_onednn),
+        ("saved_model_now_2searches_2x1_onednn_off", "saved_model@2x1",
+         lambda: export("2searches", parallel_searches=2), no_onednn),
         ("translator", "translator", lambda: first, None),
         ("ct2_float32", "ct2_float32", lambda: convert("ct2"), None),
         # CTranslate2 on one thread: its best at batch 1 on some machines.
