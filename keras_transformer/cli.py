@@ -507,10 +507,13 @@ def cmd_export(args):
         shutil.rmtree(output)
         os.replace(staging, output)
     print(f"SavedModel written to {output}")
+    from keras_transformer.devices import decoding_environment
     from keras_transformer.export import serving_flags
 
-    if serving_flags(translator):
-        print("Serve it with the TF Serving flags " + " ".join(serving_flags(translator)))
+    environment = " ".join(f"-e {k}={v}" for k, v in decoding_environment().items())
+    print(f"Serve it with the environment {environment}"
+          + (" and the TF Serving flags " + " ".join(serving_flags(translator))
+             if serving_flags(translator) else ""))
 
 
 def _export_ctranslate2(args):
@@ -699,6 +702,8 @@ def _quiet_native_stderr():
 # Commands that check their paths before TensorFlow starts (seconds), and
 # then start it themselves.
 _CHECKS_BEFORE_IMPORT = ("translate", "evaluate", "export", "average")
+# Commands that only decode: they run with the export's serving environment.
+_DECODING_COMMANDS = ("translate", "evaluate")
 
 
 def _import_backend_quietly():
@@ -818,6 +823,12 @@ def main(argv=None):
     if argv[:1] == ["train"]:
         _apply_config_file(train_parser, argv[1:])
     args = parser.parse_args(argv)
+    if args.command in _DECODING_COMMANDS and "tensorflow" not in sys.modules:
+        # Read by TensorFlow when it is imported (devices.decoding_environment).
+        from keras_transformer.devices import DECODING_ENVIRONMENT
+
+        for name, value in DECODING_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
     try:
         with _quiet_native_stderr():
             if args.command not in _CHECKS_BEFORE_IMPORT:

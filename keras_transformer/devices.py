@@ -1,10 +1,36 @@
-"""Where the code runs: accelerators and XLA compilation.
+"""Where the code runs: accelerators, XLA compilation, decoding's environment.
 
 The one place that asks TensorFlow about devices and compilation contexts;
 the training fast path, `precision` and `train` call these.
 
 Neither Keras nor TensorFlow is imported until a function runs.
 """
+
+
+# TensorFlow's own CPU kernels for decoding, not oneDNN's, which TensorFlow
+# turns on by default on CPUs with AVX-512: a search's small matrix products
+# ran 10-20% faster without it, with the same translations
+# (docs/benchmarks.md).
+DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def decoding_environment():
+    """The environment variables a TensorFlow process that decodes (a
+    `Translator`, an exported SavedModel, TF Serving) runs fastest with on
+    a CPU. Exports write them into their `keras_transformer.json`
+    (`tf_serving_env`); `keras-transformer translate` and `evaluate` set
+    them for themselves unless already set.
+
+    TensorFlow reads them when it is imported: set them in the server's or
+    the process's environment (`docker run -e TF_ENABLE_ONEDNN_OPTS=0 ...`).
+
+    Returns:
+        dict of `str` to `str`.
+
+    >>> decoding_environment()
+    {'TF_ENABLE_ONEDNN_OPTS': '0'}
+    """
+    return dict(DECODING_ENVIRONMENT)
 
 
 def has_accelerator():

@@ -6,6 +6,7 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_transformer.devices import decoding_environment
 from keras_transformer.precision import with_dtype_policy
 
 # Ops the export needs beyond core TensorFlow: tensorflow-text's
@@ -258,6 +259,7 @@ def export_translator(translator, path, weights_dtype="float32"):
             "parallel_searches": translator.parallel_searches,
         },
         "tf_serving_flags": serving_flags(translator),
+        "tf_serving_env": decoding_environment(),
         "weights_dtype": weights_dtype,
         "lowercase": translator.src_tokenizer.lowercase,
         "model": _model_settings(translator),

@@ -123,6 +123,31 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     assert f"It holds the run folder(s) {tmp_path / 'demo' / 'run'}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command, preset, want", [
+    ("translate", None, "0"), ("evaluate", None, "0"), ("translate", "1", "1"), ("train", None, None)])
+def test_decoding_commands_start_tensorflow_without_onednn(tmp_path, command, preset, want):
+    """translate and evaluate set decoding's environment (oneDNN off: faster
+    searches, the same translations) before TensorFlow is imported, and keep
+    a value the user set; train keeps TensorFlow's default."""
+    missing = str(tmp_path / "none")  # each command then fails after parsing its arguments
+    arguments = {"translate": ["--saved-model", missing, "A dog."],
+                 "evaluate": ["--saved-model", missing, "--src", missing, "--ref", missing],
+                 "train": ["--train-src", missing, "--train-tgt", missing, "--output-dir", missing]}
+    code = (
+        "import os, sys\n"
+        f"sys.argv = ['keras-transformer', {command!r}] + {arguments[command]!r}\n"
+        "import keras_transformer.cli as cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print('ENV', os.environ.get('TF_ENABLE_ONEDNN_OPTS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if preset is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = preset
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert f"ENV {want}" in out.stdout, out.stdout + out.stderr
+    assert "error:" in out.stderr and "arguments are required" not in out.stderr
+
+
 def test_missing_saved_model_folder_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["translate", "--saved-model", str(tmp_path / "nope"), "A dog."])

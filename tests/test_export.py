@@ -389,6 +389,7 @@ def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path)
     decoding = metadata["decoding"]
     assert decoding["jit_compile"] is True and decoding["xla_max_batch_size"] == 2
     assert metadata["tf_serving_flags"] == ["--xla_cpu_compilation_enabled=true"]
+    assert metadata["tf_serving_env"] == {"TF_ENABLE_ONEDNN_OPTS": "0"}
     serve = tf.saved_model.load(path).signatures["serving_default"]
     for batch in (INPUTS[:1], INPUTS):
         got = serve(text=tf.constant(batch))["translation"].numpy().tolist()
