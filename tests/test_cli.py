@@ -94,11 +94,13 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     assert info.value.code == 1 and "--overwrite" in capsys.readouterr().err
     main(["export", "--run", run, "--output", saved, "--beam-size", "2", "--overwrite", "--parallel-searches", "2"])
     flags = "--tensorflow_inter_op_parallelism=2 --tensorflow_intra_op_parallelism=1"
-    assert f"Serve it with the TF Serving flags {flags}" in capsys.readouterr().out
+    assert ("Serve it with the environment -e TF_ENABLE_ONEDNN_OPTS=0 and the TF Serving flags "
+            f"{flags}") in capsys.readouterr().out
     with open(os.path.join(saved, "keras_transformer.json")) as f:
         metadata = json.load(f)
     assert metadata["decoding"]["beam_size"] == 2 and metadata["decoding"]["parallel_searches"] == 2
     assert metadata["tf_serving_flags"] == flags.split()
+    assert metadata["tf_serving_env"] == {"TF_ENABLE_ONEDNN_OPTS": "0"}
     assert sorted(os.listdir(tmp_path)) == ["attention.png", "data", "run", "saved"]
 
 
