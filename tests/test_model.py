@@ -270,6 +270,41 @@ def test_ids_outside_the_vocabulary_stop_compiled_fit_evaluate_and_predict(bad):
     assert np.all(np.isfinite(model.predict(good, verbose=0)))
 
 
+@pytest.mark.parametrize("structure", ["labels_in_a_list", "loss_in_a_list", "loss_in_a_dict"])
+def test_label_ids_are_checked_when_the_one_output_comes_in_a_list_or_dict(structure):
+    """Keras takes `y=[labels]`, `loss=[loss]` and `loss={"logits": loss}`
+    for a one-output model: the labels are checked in each form."""
+    model = small_model(num_layers=1)
+    loss = MaskedSparseCategoricalCrossentropy()
+    loss = {"loss_in_a_list": [loss], "loss_in_a_dict": {"logits": loss}}.get(structure, loss)
+    model.compile(optimizer="adam", loss=loss, jit_compile=keras.backend.backend() != "torch")
+    x = inputs([[5, 6, 7, END]] * 4, [[START, 8, 9, 10]] * 4)
+    y = np.array([[8, 9, 10, END]] * 4, "int32")
+    y[3, 2] = 40  # tgt_vocab_size 40
+    with pytest.raises(Exception, match=r"labels .* must be token ids in \[0, 40\)"):
+        model.fit(x, [y] if structure == "labels_in_a_list" else y, batch_size=2, verbose=0)
+    assert np.all(np.isfinite(model.predict(x, verbose=0)))
+
+
+def test_tensorflow_xla_under_a_strategy_trains_with_keras_step_and_says_ids_are_unchecked():
+    """Under a tf.distribute strategy the optimizer's cross-replica step
+    cannot run in a function nested in `strategy.run`: fit takes Keras's own
+    XLA step, and warns that the ids go unchecked there."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("tf.distribute and XLA steps are TensorFlow's")
+    from keras_transformer.distribution import data_parallel_scope
+
+    rng = np.random.default_rng(4)
+    x = inputs(rng.integers(4, 30, (4, 5)), rng.integers(4, 40, (4, 4)))
+    y = rng.integers(4, 40, (4, 4)).astype("int32")
+    with data_parallel_scope("data_parallel"):
+        model = small_model(num_layers=1)
+        model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), jit_compile=True)
+        with pytest.warns(UserWarning, match="tf.distribute strategy"):
+            history = model.fit(x, y, batch_size=2, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and model.jit_compile is True
+
+
 def test_tensorflow_xla_steps_checked_outside_are_compiled_and_equal_keras_own():
     """The checked steps are still XLA's, and train and evaluate exactly as
     Keras's own XLA steps do on in-range ids."""

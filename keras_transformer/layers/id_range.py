@@ -1,6 +1,7 @@
 """Token ids checked against the vocabulary on every backend."""
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -59,7 +60,10 @@ def check_id_range(ids, size, name):
         if ids.size == 0:
             return ids
         if not isinstance(ids, jax.core.Tracer):
-            low, high = int(jnp.min(ids)), int(jnp.max(ids))
+            # NumPy ids (a batch from the data pipeline) on the host, without
+            # a copy to the device and a wait for it.
+            low_high = (np.min, np.max) if isinstance(ids, np.ndarray) else (jnp.min, jnp.max)
+            low, high = (int(f(ids)) for f in low_high)
             if low < 0 or high >= size:
                 raise ValueError(_message(name, size, low, high))
             return ids

@@ -14,8 +14,10 @@ check before them instead:
 """
 
 import contextlib
+import warnings
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_id_range
@@ -36,7 +38,10 @@ class CheckedXLASteps:
       variables keep the values of the last good step.
     - elsewhere (torch, `run_eagerly=True`, tensorflow without XLA) and for
       a subclass or instance with its own step: Keras's steps, unchanged;
-      the checks inside the model raise there.
+      the checks inside the model raise there. Under a tf.distribute
+      strategy with XLA, Keras's step too (the optimizer's cross-replica
+      step cannot run in a nested function), with a `UserWarning` that
+      the ids are not checked there.
 
     The model provides `checked_id_inputs()`, `{input name: vocab_size}`
     for its id inputs in input order, and `checked_labels()`, `(vocab_size,
@@ -109,16 +114,21 @@ class CheckedXLASteps:
         elif isinstance(x, (list, tuple)) and len(x) == len(sizes):
             x = type(x)(check_id_range(v, size, f"`{k}`") for v, (k, size) in zip(x, sizes.items()))
         label_check = self.checked_labels() if labels else None
-        if label_check is not None and y is not None and not isinstance(y, (dict, list, tuple)):
+        leaves = keras.tree.flatten(y) if y is not None else []
+        # One output: its labels, as an array or as the one leaf of a list or dict.
+        if label_check is not None and len(leaves) == 1:
             vocab_size, pad_id = label_check
-            ids = ops.cast(y, "int32")
-            checked = check_id_range(ops.where(ops.equal(ids, pad_id), 0, ids), vocab_size,
-                                     "The labels (apart from pad_id)")
+            if isinstance(leaves[0], np.ndarray):  # jax's batches: on the host
+                real = np.where(leaves[0] == pad_id, 0, leaves[0])
+            else:
+                ids = ops.cast(leaves[0], "int32")
+                real = ops.where(ops.equal(ids, pad_id), 0, ids)
+            checked = check_id_range(real, vocab_size, "The labels (apart from pad_id)")
             if keras.backend.backend() == "tensorflow":
                 import tensorflow as tf
 
                 with tf.control_dependencies([checked]):
-                    y = tf.identity(y)
+                    y = keras.tree.pack_sequence_as(y, [tf.identity(leaves[0])])
         if y is None and sample_weight is None:
             return (x,) if isinstance(data, tuple) else x
         return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
@@ -135,6 +145,19 @@ class CheckedXLASteps:
             yield
             return
         import tensorflow as tf
+
+        if tf.distribute.has_strategy() or getattr(self, "_distribute_strategy", None) is not None:
+            # The optimizer's cross-replica step (`merge_call`) may not run
+            # inside a function nested in `strategy.run`: Keras's XLA step.
+            warnings.warn(
+                "With jit_compile=True under a tf.distribute strategy, the training step runs as "
+                "Keras compiles it, all in XLA, where TensorFlow's checks do not run: an id "
+                "outside the vocabulary would read the table's first or last row. Check the "
+                "data (make_dataset's tokenizers give ids in range), or use jit_compile=False.",
+                stacklevel=4,
+            )
+            yield
+            return
 
         self._xla_steps[name] = tf.function(getattr(super(), name), jit_compile=True,
                                             reduce_retracing=True)

@@ -284,10 +284,14 @@ class Transformer(CheckedXLASteps, keras.Model):
         return {ENCODER_INPUTS: self.src_vocab_size, DECODER_INPUTS: self.tgt_vocab_size}
 
     def checked_labels(self):
-        """`(tgt_vocab_size, pad_id)` when the compiled loss masks labels by a
-        `pad_id` (`MaskedSparseCategoricalCrossentropy`), else None."""
-        pad_id = getattr(getattr(self, "loss", None), "pad_id", None)
-        return None if pad_id is None else (self.tgt_vocab_size, int(pad_id))
+        """`(tgt_vocab_size, pad_id)` when the compiled loss (alone, or the one
+        loss of a list or dict) masks labels by a `pad_id`
+        (`MaskedSparseCategoricalCrossentropy`), else None."""
+        losses = keras.tree.flatten(getattr(self, "loss", None))
+        pad_ids = [getattr(loss, "pad_id", None) for loss in losses]
+        if len(pad_ids) != 1 or pad_ids[0] is None:
+            return None
+        return self.tgt_vocab_size, int(pad_ids[0])
 
     # === Step-by-step decoding ===
     # One source is encoded once; the decoder then runs one position per
