@@ -9,7 +9,7 @@ Neither Keras nor TensorFlow is imported until a function runs.
 
 # TensorFlow's own CPU kernels for decoding, not oneDNN's, which TensorFlow
 # turns on by default on CPUs with AVX-512: a search's small matrix products
-# ran 10-20% faster without it, with the same translations
+# ran 8-23% faster without it, with the same translations
 # (docs/benchmarks.md).
 DECODING_ENVIRONMENT = {"TF_ENABLE_ONEDNN_OPTS": "0"}
 
