@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_label_ids
 
 
 def _check_args(pad_id, label_smoothing):
@@ -72,9 +72,10 @@ def per_token_loss(
     mask = ops.not_equal(y_true, pad_id)
     # Pad positions may hold an id outside the vocabulary (e.g. -1): gather
     # a valid index there and zero the result afterwards.
-    safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
     if isinstance(y_pred.shape[-1], int):
-        safe_ids = check_id_range(safe_ids, y_pred.shape[-1], "The labels (apart from pad_id)")
+        safe_ids = check_label_ids(y_true, y_pred.shape[-1], pad_id)
+    else:
+        safe_ids = ops.where(mask, y_true, ops.zeros_like(y_true))
     vocab = y_pred.shape[-1] or ops.shape(y_pred)[-1]
     if from_logits:
         if label_smoothing:

@@ -37,7 +37,7 @@ from keras_transformer.devices import in_xla_context
 from keras_transformer.fast_path import kernels
 from keras_transformer.fast_path.forward import TrainingForward
 from keras_transformer.fast_path.ops import cross_entropy
-from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_label_ids
 
 
 def applies(model, jit_compile=False):
@@ -105,7 +105,7 @@ def loss_and_predictions(forward, x, y, pad_id=0, label_smoothing=0.0):
     if len(y.shape) == 3:
         y = keras.ops.squeeze(y, axis=-1)
     real = keras.ops.not_equal(y, pad_id)
-    safe = check_id_range(keras.ops.where(real, y, 0), vocab, "The labels (apart from pad_id)")
+    safe = check_label_ids(y, vocab, pad_id)
     # The labels of the real decoder inputs, in the logits' row order.
     labels = keras.ops.take(keras.ops.reshape(safe, (-1,)), unpadding.indices)
     counted = keras.ops.cast(

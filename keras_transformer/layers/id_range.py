@@ -81,3 +81,27 @@ def check_id_range(ids, size, name):
         if low < 0 or high >= size:
             raise ValueError(_message(name, size, low, high))
     return ids
+
+
+def check_label_ids(labels, size, pad_id):
+    """`labels` with `pad_id` replaced by 0, once the rest are checked to lie
+    in `[0, size)` (`check_id_range`). Padding may hold any id (e.g. -1).
+
+    Args:
+        labels: int tensor or NumPy array, any shape.
+        size: python int, the vocabulary size.
+        pad_id: int, the label id that marks padding.
+
+    Returns:
+        int labels of the same shape (NumPy for NumPy input, else int32
+        tensors), 0 where `labels` is `pad_id`.
+
+    Raises:
+        As `check_id_range`.
+    """
+    if isinstance(labels, np.ndarray):  # a batch on the host: no device round trip
+        safe = np.where(labels == pad_id, 0, labels)
+    else:
+        labels = ops.cast(labels, "int32")
+        safe = ops.where(ops.equal(labels, pad_id), ops.zeros_like(labels), labels)
+    return check_id_range(safe, size, "The labels (apart from pad_id)")

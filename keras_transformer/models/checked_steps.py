@@ -17,10 +17,9 @@ import contextlib
 import warnings
 
 import keras
-import numpy as np
-from keras import ops
 
 from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_label_ids
 
 
 class CheckedXLASteps:
@@ -117,13 +116,7 @@ class CheckedXLASteps:
         leaves = keras.tree.flatten(y) if y is not None else []
         # One output: its labels, as an array or as the one leaf of a list or dict.
         if label_check is not None and len(leaves) == 1:
-            vocab_size, pad_id = label_check
-            if isinstance(leaves[0], np.ndarray):  # jax's batches: on the host
-                real = np.where(leaves[0] == pad_id, 0, leaves[0])
-            else:
-                ids = ops.cast(leaves[0], "int32")
-                real = ops.where(ops.equal(ids, pad_id), 0, ids)
-            checked = check_id_range(real, vocab_size, "The labels (apart from pad_id)")
+            checked = check_label_ids(leaves[0], *label_check)
             if keras.backend.backend() == "tensorflow":
                 import tensorflow as tf
 
