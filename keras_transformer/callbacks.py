@@ -41,6 +41,23 @@ class ValidationBLEU(keras.callbacks.Callback):
         self.source_lines, self.reference_lines = list(source_lines), list(reference_lines)
         self.tokenizers = (source_tokenizer, target_tokenizer)
         self.every, self.beam_size, self.batch_size = int(every), int(beam_size), int(batch_size)
+        self._translator = None
+
+    def translator(self):
+        """The `Translator` of `self.model` for this epoch's BLEU.
+
+        A `Translator` of a float32 model decodes that model's own
+        variables, so one serves every epoch and its search is traced
+        once; one of a mixed-precision model decodes a float32 copy of the
+        weights taken when it is made, so it is made again each time.
+        """
+        from keras_transformer.translator import Translator
+
+        translator = self._translator
+        if translator is None or translator.model is not self.model:
+            translator = Translator(self.model, *self.tokenizers, beam_size=self.beam_size)
+            self._translator = translator if translator.model is self.model else None
+        return translator
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -49,10 +66,8 @@ class ValidationBLEU(keras.callbacks.Callback):
         if (epoch + 1) % self.every:
             return
         from keras_transformer.evaluation import corpus_scores
-        from keras_transformer.translator import Translator
 
-        translator = Translator(self.model, *self.tokenizers, beam_size=self.beam_size)
-        hypotheses = translator.translate_lines(self.source_lines, batch_size=self.batch_size)
+        hypotheses = self.translator().translate_lines(self.source_lines, batch_size=self.batch_size)
         logs["val_bleu"] = float(corpus_scores(hypotheses, self.reference_lines)["bleu"])
 
 

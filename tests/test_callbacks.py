@@ -255,3 +255,46 @@ def test_an_unreadable_latest_state_is_reported_and_the_log_keeps_one_row_an_epo
     assert out[1] == f"Resuming {tmp_path} after epoch 2 (its checkpoints/ folder)"
     rows = (tmp_path / "log.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,") and [row.split(",")[0] for row in rows[1:]] == ["0", "1"]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Translator needs tensorflow")
+@pytest.mark.parametrize("dtype", [None, "mixed_bfloat16"])
+def test_validation_bleu_scores_each_epochs_weights_and_keeps_one_translator_of_a_float32_model(dtype):
+    """The BLEU of an epoch is that of the weights at its end: the
+    references are a fresh `Translator`'s translations of the second
+    weights (BLEU 100 for them, less for the first). A float32 model keeps
+    one `Translator` (its search traced once); a mixed-precision one
+    decodes a float32 copy, made again each time."""
+    from keras_transformer import Translator, build_transformer
+    from keras_transformer.callbacks import ValidationBLEU
+    from keras_transformer.data.synthetic import make_synthetic_corpus
+    from keras_transformer.tokenizers import train_subword_tokenizer
+
+    en, de = make_synthetic_corpus(300, seed=1)
+    src, tgt = train_subword_tokenizer(en, 120), train_subword_tokenizer(de, 120)
+
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return build_transformer(
+            src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=2, dff=64,
+            dropout_rate=0.0, sequence_length=12, dtype=dtype,
+        )
+
+    model, other = build(0), build(1)
+    lines = en[:8]
+    first = Translator(model, src, tgt, beam_size=1).translate_lines(lines)
+    second = Translator(other, src, tgt, beam_size=1).translate_lines(lines)
+    assert first != second and all(second)  # the two weight sets are told apart
+    callback = ValidationBLEU(lines, second, src, tgt, every=1)
+    callback.set_model(model)
+    logs = {}
+    callback.on_epoch_end(0, logs)
+    assert logs["val_bleu"] < 100.0
+    kept = callback._translator
+    model.set_weights(other.get_weights())  # what the next epoch's steps do
+    callback.on_epoch_end(1, logs)
+    assert logs["val_bleu"] == pytest.approx(100.0)
+    if dtype is None:
+        assert kept is not None and callback._translator is kept
+    else:
+        assert kept is None and callback._translator is None
