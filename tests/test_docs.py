@@ -19,6 +19,25 @@ def test_relative_links_resolve(page):
             assert (page.parent / target).exists(), f"{page.name} links to a missing {target}"
 
 
+def _anchors(page):
+    """GitHub's anchors of the page's headings: lowercased, punctuation
+    other than hyphens and underscores dropped, spaces as hyphens."""
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.M):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_links_to_a_heading_find_it(page):
+    text = page.read_text(encoding="utf-8")
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        linked = page.parent / target if target else page
+        assert anchor in _anchors(linked), f"{page.name} links to a missing heading {target}#{anchor}"
+
+
 def _command_lines(text):
     """The `keras-transformer ...` commands in the page's code blocks, with
     continuation lines joined and comments dropped."""
