@@ -98,6 +98,10 @@ def _add_training_args(parser):
                         help="subword regularization (Kudo, 2018): sample a new segmentation of every "
                              "training pair each epoch, with this smoothing parameter in (0, 1]; "
                              "with a unigram vocabulary smaller is more varied (default: off, one fixed segmentation)")
+    parser.add_argument("--bidirectional-epochs", type=int, default=defaults.bidirectional_epochs, metavar="N",
+                        help="bidirectional training (BiT, Ding et al., 2021): the first N epochs train on the "
+                             "pairs in both directions (twice the steps), the rest source to target; needs "
+                             "--shared-vocab (default: %(default)s, off)")
     for name, help_text in (
         ("attention-dropout-rate", "dropout on the attention weights (default: --dropout-rate)"),
         ("activation-dropout-rate", "dropout on the feed-forward activation (default: 0)"),

@@ -55,6 +55,13 @@ class TrainingConfig:
             `SubwordTokenizer.sample`, for a newly sampled segmentation of
             each training pair in every epoch; None (default): the one
             deterministic segmentation. Validation data is never sampled.
+        bidirectional_epochs: bidirectional training (BiT; Ding et al.,
+            2021): the first N epochs train on the pairs in both
+            directions (source to target and target to source, twice the
+            steps an epoch), the rest on source to target only, the
+            optimizer and learning-rate schedule going on across the
+            switch. Needs `shared_vocab`. 0 (default): one direction
+            throughout.
         seed: random seed.
         jit_compile: XLA for the train step on tensorflow (`"auto"` lets Keras
             choose), `torch.compile` on torch; on jax the step is always
@@ -116,6 +123,7 @@ class TrainingConfig:
     lr_scale: float = 0.5
     label_smoothing: float = 0.1
     subword_alpha: float = None
+    bidirectional_epochs: int = 0
     seed: int = 0
     jit_compile: object = False
     distribution: str = None

@@ -200,6 +200,14 @@ def _check_settings(config, model_config):
     MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing)
     if config.subword_alpha is not None:
         check_alpha(config.subword_alpha, "subword_alpha")
+    epochs = config.bidirectional_epochs
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"`bidirectional_epochs` must be an integer of at least 0; got {epochs!r}.")
+    if epochs and not config.shared_vocab:
+        raise ValueError(
+            f"bidirectional_epochs={epochs} trains target-to-source pairs too, which needs one "
+            "vocabulary for both sides: add --shared-vocab (or pass --bidirectional-epochs 0)."
+        )
     for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
         rate = model_config.get(name)
         if rate is not None and not 0.0 <= rate < 1.0:
@@ -453,6 +461,9 @@ def train(config, verbose=1):
         if config.subword_alpha is not None:
             print(f"Subword regularization: each epoch samples the training pairs' segmentations "
                   f"(alpha {config.subword_alpha:g}); validation keeps the fixed one")
+        if config.bidirectional_epochs:
+            print(f"Bidirectional training (BiT): epochs 1-{config.bidirectional_epochs} train on the pairs "
+                  f"in both directions, the rest source to target")
         source = precision_source(config.precision)
         print(f"Training precision: {model_config['dtype']}"
               + ("" if source == "given" else f" ({source})"))
@@ -491,8 +502,14 @@ def train(config, verbose=1):
     train_ds = dataset(src_lines, tgt_lines, True, config.subword_alpha)
     val_ds = dataset(config.val_src, config.val_tgt, False) if config.val_src else None
 
+    def both_directions():
+        # BiT (Ding et al., 2021): each pair also as target -> source. The
+        # shared vocabulary tokenizes either side.
+        return dataset(src_lines + tgt_lines, tgt_lines + src_lines, True, config.subword_alpha)
+
     with data_parallel_scope(config.distribution):
-        return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose)
+        return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose,
+                              both_directions=both_directions)
 
 
 def _step_is_compiled(config):
@@ -519,7 +536,8 @@ def _train_step_jit_compile(config):
     return config.jit_compile
 
 
-def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose):
+def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose,
+                   both_directions=None):
     model = build_transformer(src_tok.vocab_size, tgt_tok.vocab_size, **model_config)
     if verbose:
         print(f"Model: {model.count_params():,} parameters (preset {config.preset}, "
@@ -535,39 +553,50 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
         fast_path.attach(model)  # the TensorFlow training step (`keras_transformer.fast_path`)
     monitor = "val_loss" if val_ds is not None else "loss"
     best_metric = config.checkpoint_metric if val_ds is not None else "loss"
-    # First: a diverged step or epoch stops before any callback saves it.
-    callbacks = [DivergenceGuard()]
-    if config.bleu_every:  # before the callbacks that log and save by val_bleu
-        callbacks.append(ValidationBLEU(
-            read_lines(config.val_src), read_lines(config.val_tgt), src_tok, tgt_tok,
-            every=config.bleu_every,
-        ))
     timer = _Timer(os.path.join(out, "epochs.jsonl"), os.path.join(out, "checkpoints", "partial_epoch.json"))
-    # Kept after the run ends, so `train` with more epochs continues too;
-    # double_checkpoint keeps the previous backup if a save is cut off.
-    backup = PreemptibleBackup(
-        os.path.join(out, "checkpoints"),
-        save_freq=config.checkpoint_every or "epoch",
-        double_checkpoint=True,
-        delete_checkpoint=False,
-        on_mid_epoch_save=timer.carry,
-        on_restore=lambda epoch, fell_back: _resuming(out, epoch, fell_back, verbose),
-    )
-    callbacks += [
-        backup,
-        keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(out, "best.keras"), monitor=best_metric, save_best_only=True,
-            mode="max" if best_metric == "val_bleu" else "min",
-            # A resumed run must beat the best it already saved; Keras would
-            # otherwise let the first epoch after a restart replace it.
-            initial_value_threshold=_best_so_far(out, best_metric),
-        ),
-        EpochCheckpoint(out, keep=config.keep_checkpoints, monitor=best_metric),
-        keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
-        *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
-        timer,
-    ]
+
+    def stage_callbacks():
+        """The callbacks of one `fit`; each reads its state from the run
+        folder, so that a second `fit` (BiT's second stage) goes on as a
+        resumed run does."""
+        # First: a diverged step or epoch stops before any callback saves it.
+        callbacks = [DivergenceGuard()]
+        if config.bleu_every:  # before the callbacks that log and save by val_bleu
+            callbacks.append(ValidationBLEU(
+                read_lines(config.val_src), read_lines(config.val_tgt), src_tok, tgt_tok,
+                every=config.bleu_every,
+            ))
+        # Kept after the run ends, so `train` with more epochs continues too;
+        # double_checkpoint keeps the previous backup if a save is cut off.
+        backup = PreemptibleBackup(
+            os.path.join(out, "checkpoints"),
+            save_freq=config.checkpoint_every or "epoch",
+            double_checkpoint=True,
+            delete_checkpoint=False,
+            on_mid_epoch_save=timer.carry,
+            on_restore=lambda epoch, fell_back: _resuming(out, epoch, fell_back, verbose),
+        )
+        callbacks += [
+            backup,
+            keras.callbacks.ModelCheckpoint(os.path.join(out, "model.keras")),
+            keras.callbacks.ModelCheckpoint(
+                os.path.join(out, "best.keras"), monitor=best_metric, save_best_only=True,
+                mode="max" if best_metric == "val_bleu" else "min",
+                # A resumed run must beat the best it already saved; Keras would
+                # otherwise let the first epoch after a restart replace it.
+                initial_value_threshold=_best_so_far(out, best_metric),
+            ),
+            EpochCheckpoint(out, keep=config.keep_checkpoints, monitor=best_metric),
+            keras.callbacks.CSVLogger(os.path.join(out, "log.csv"), append=True),
+            *([TensorBoard(os.path.join(out, "tensorboard"))] if config.tensorboard else []),
+            timer,
+        ]
+        if config.early_stopping_patience:
+            callbacks.append(ResumableEarlyStopping(out, monitor, config.early_stopping_patience))
+        if config.time_budget:
+            callbacks.append(TimeBudget(out, config.time_budget))
+        return callbacks, backup
+
     done = max(epoch_log(out), default=0) if os.path.isdir(os.path.join(out, "checkpoints")) else 0
     if done >= config.epochs:
         if verbose:
@@ -581,7 +610,6 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
                 print(f"Early stopping: {monitor} has not improved on {best:.4f} for "
                       f"{config.early_stopping_patience} epochs; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
-        callbacks.append(ResumableEarlyStopping(out, monitor, config.early_stopping_patience))
     if config.time_budget:
         used, next_epoch, stop = time_budget_state(out, config.time_budget)
         if stop:
@@ -589,21 +617,29 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
                 print(f"Time budget: {used:.0f} s trained of {config.time_budget:g} s, and an epoch "
                       f"takes about {next_epoch:.0f} s; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
-        callbacks.append(TimeBudget(out, config.time_budget))
     # `make_dataset` declares the batches of an epoch (unknown: negative).
     _warn_short_warmup(config.warmup_steps, int(train_ds.cardinality()), config.epochs)
-    with warnings.catch_warnings():
-        # The dataset is shuffled and its length unknown until the first
-        # pass; Keras warns about both on every epoch.
-        warnings.filterwarnings("ignore", message=".*shuffle=True. was passed")
-        warnings.filterwarnings("ignore", message="Your input ran out of data")
-        try:
-            model.fit(
-                train_ds, validation_data=val_ds, epochs=config.epochs,
-                callbacks=callbacks, verbose=verbose, shuffle=False,
-            )
-        finally:
-            backup.release()
+    # (last epoch, dataset) of each `fit`: BiT's epochs in both directions first.
+    bidirectional = min(config.bidirectional_epochs, config.epochs)
+    stages = [(config.epochs, lambda: train_ds)]
+    if done < bidirectional:
+        stages.insert(0, (bidirectional, both_directions))
+    for last_epoch, stage_data in stages:
+        callbacks, backup = stage_callbacks()
+        with warnings.catch_warnings():
+            # The dataset is shuffled and its length unknown until the first
+            # pass; Keras warns about both on every epoch.
+            warnings.filterwarnings("ignore", message=".*shuffle=True. was passed")
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            try:
+                model.fit(
+                    stage_data(), validation_data=val_ds, epochs=last_epoch,
+                    callbacks=callbacks, verbose=verbose, shuffle=False,
+                )
+            finally:
+                backup.release()
+        if model.stop_training:  # early stopping or the time budget
+            break
     stopper = next((c for c in callbacks if isinstance(c, ResumableEarlyStopping)), None)
     if verbose and stopper is not None and stopper.stopped_epoch:
         print(f"Stopped early after epoch {stopper.stopped_epoch + 1}: {monitor} has not improved on "

@@ -376,6 +376,8 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     (["--warmup-steps", "0"], "warmup_steps"),
     (["--label-smoothing", "1.0"], "`label_smoothing` must be in [0, 1)"),
     (["--subword-alpha", "0"], "`subword_alpha` must be a number in (0, 1]"),
+    (["--bidirectional-epochs", "-1"], "`bidirectional_epochs` must be an integer of at least 0"),
+    (["--bidirectional-epochs", "2"], "needs one vocabulary for both sides: add --shared-vocab"),
 ])
 def test_settings_the_model_or_data_would_refuse_are_refused_before_the_folder(
     tmp_path, capsys, flags, message
@@ -1104,6 +1106,66 @@ def test_resuming_with_changed_settings_says_which(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Settings changed since the run's config.json: epochs 1 -> 2; subword_alpha 0.3 -> None" in out
     assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["subword_alpha"] is None
+
+
+def test_bidirectional_epochs_train_both_directions_first_and_resume_in_either_stage(
+    tmp_path, capsys, monkeypatch
+):
+    """BiT (Ding et al., 2021): epochs 1-2 train on each pair and its
+    reverse (target -> source), as many steps as that dataset has batches;
+    epochs 3-4 on source -> target only. A run stopped in either stage
+    resumes in it."""
+    import keras_transformer.training as training
+    from keras_transformer.data.pipeline import make_dataset
+    from keras_transformer.tokenizers import SubwordTokenizer
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=80, n_val=10, seed=6)
+    run = tmp_path / "run"
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+            "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+            "--sequence-length", "24", "--src-vocab-size", "120", "--tgt-vocab-size", "120",
+            "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10",
+            "--bidirectional-epochs", "2"]
+    calls = []
+
+    def recording(src, tgt, *rest, **kwargs):
+        calls.append((list(src) if isinstance(src, list) else src, list(tgt) if isinstance(tgt, list) else tgt))
+        return make_dataset(src, tgt, *rest, **kwargs)
+
+    monkeypatch.setattr(training, "make_dataset", recording)
+    main(args + ["--epochs", "1"])  # stopped inside the first stage
+    assert "epochs 1-2 train on the pairs in both directions" in capsys.readouterr().out
+    main(args + ["--epochs", "4"])
+    main(args + ["--epochs", "4"])  # nothing left: builds no two-way data
+    en = (data / "train.en").read_text().splitlines()
+    de = (data / "train.de").read_text().splitlines()
+    both = [call for call in calls if call[0] == en + de]
+    assert len(both) == 2 and all(tgt == de + en for _, tgt in both)  # the first two runs
+    assert [tgt for src, tgt in calls if src == en] == [de] * 3
+
+    tok = SubwordTokenizer.load(str(run / "source.model"))
+    assert (run / "source.model").read_bytes() == (run / "target.model").read_bytes()
+
+    def batches(src, tgt):
+        return int(make_dataset(src, tgt, tok, tok, sequence_length=24, tokens_per_batch=256,
+                                shuffle=False).cardinality())
+
+    one_way, two_way = batches(en, de), batches(en + de, de + en)
+    assert two_way > one_way
+    records = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    assert [r["steps"] for r in records] == [two_way, two_way, one_way, one_way]
+    # The optimizer went on across the switch: one step a batch.
+    model = keras.saving.load_model(str(run / "model.keras"), compile=True)
+    assert int(model.optimizer.iterations) == 2 * two_way + 2 * one_way
+    # Resuming a finished first stage starts with the second.
+    calls.clear()
+    main(args + ["--epochs", "5"])
+    assert [call for call in calls if call[0] == en + de] == []
+    records = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
+    assert records[-1]["epoch"] == 5 and records[-1]["steps"] == one_way
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -42,6 +42,7 @@ def test_defaults_are_the_recipe(script):
     "--warmup-steps 2000 --lr-scale 2 --norm-first --subword-alpha 0.3 --dropout-rate 0.25 --vocab-size 5000 --seed 1",
     "--d-model 256 --num-layers 3 --dff 1024 --norm-first --dropout-rate 0.3 --seed 2",
     "--num-layers 6 --num-decoder-layers 2 --norm-first --dropout-rate 0.2 --seed 3",
+    "--norm-first --subword-alpha 0.3 --bidirectional-epochs 14 --dropout-rate 0.2 --seed 4",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)
