@@ -621,9 +621,9 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
     _warn_short_warmup(config.warmup_steps, int(train_ds.cardinality()), config.epochs)
     # (last epoch, dataset) of each `fit`: BiT's epochs in both directions first.
     bidirectional = min(config.bidirectional_epochs, config.epochs)
-    stages = [(config.epochs, lambda: train_ds)]
-    if done < bidirectional:
-        stages.insert(0, (bidirectional, both_directions))
+    stages = [(bidirectional, both_directions)] if done < bidirectional else []
+    if config.epochs > bidirectional:
+        stages.append((config.epochs, lambda: train_ds))
     for last_epoch, stage_data in stages:
         callbacks, backup = stage_callbacks()
         with warnings.catch_warnings():
