@@ -303,7 +303,8 @@ def _translator(args, set_threads=False):
     from keras_transformer.translator import Translator
 
     model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
-    return Translator(model, src, tgt, **settings)
+    # A model loaded for this command alone: its weights do not change.
+    return Translator(model, src, tgt, transposed_output_table=True, **settings)
 
 
 class _OneValueUnderTwoNames(argparse.Action):

@@ -160,7 +160,9 @@ def load_translator(path, checkpoint="best", **decoding):
             or a run folder (the `--output-dir` of `keras-transformer train`).
         checkpoint: for a run, `"best"`, `"last"` or `"averaged"`.
         **decoding: for a run, `Translator` settings (`beam_size`,
-            `length_penalty`, ...); a SavedModel keeps those of its export.
+            `length_penalty`, ...; `transposed_output_table` defaults to
+            True: the model is loaded for this translator); a SavedModel
+            keeps those of its export.
 
     Returns:
         `SavedModelTranslator` or `Translator`; both have
@@ -191,6 +193,7 @@ def load_translator(path, checkpoint="best", **decoding):
         from keras_transformer.translator import Translator
 
         model, source, target, _ = load_run(path, which=checkpoint)
+        decoding.setdefault("transposed_output_table", True)
         return Translator(model, source, target, **decoding)
     raise FileNotFoundError(
         f"{path} is neither a SavedModel folder (saved_model.pb) nor a training run "
@@ -323,7 +326,9 @@ def translator_from_saved_model(path, **decoding):
 
     Args:
         path: a SavedModel folder written by `export_translator`.
-        **decoding: `Translator` settings (`beam_size`, `length_penalty`, ...).
+        **decoding: `Translator` settings (`beam_size`, `length_penalty`,
+            ...; `transposed_output_table` defaults to True: the model is
+            rebuilt for this translator).
 
     Returns:
         `keras_transformer.Translator`.
@@ -341,4 +346,5 @@ def translator_from_saved_model(path, **decoding):
     )
     for variable in model.weights:
         variable.assign(contents.weights[variable.path])
+    decoding.setdefault("transposed_output_table", True)
     return Translator(model, src, tgt, **decoding)

@@ -359,13 +359,74 @@ def test_translate_ids_gives_blank_rows_the_empty_output(exported):
     assert translator.tgt_tokenizer.detokenize(tokens[:1]).numpy()[0] == b""
 
 
-def test_xla_compiled_search_gives_the_same_translations(exported):
-    """jit_compile=True (XLA, sources padded to a multiple of 8) changes speed only."""
+@pytest.mark.parametrize("transposed", [False, True])
+def test_xla_compiled_search_gives_the_same_translations(exported, transposed):
+    """jit_compile=True (XLA, sources padded to a multiple of 8) changes speed
+    only; so does a stored transposed output table."""
     translators, _ = exported
     for name, translator in translators.items():
         fast = Translator(translator.model, translator.src_tokenizer, translator.tgt_tokenizer,
-                          beam_size=translator.beam_size, jit_compile=True)
+                          beam_size=translator.beam_size, jit_compile=True,
+                          transposed_output_table=transposed)
         assert fast(INPUTS).numpy().tolist() == translator(INPUTS).numpy().tolist(), name
+
+
+@pytest.mark.parametrize("weights_dtype", ["float32", "float16"])
+def test_tied_export_stores_the_transposed_table_and_its_search_reads_it(exported, tmp_path, weights_dtype):
+    """A tied output projection (section 3.4) is exported with a copy of the
+    token table's transpose, in the storage dtype, equal to it value for
+    value; the serving search multiplies by that copy (zeroing it changes
+    the translations, restoring it brings them back); an untied model and
+    the int8 export store none."""
+    translators, paths = exported
+    translator = translators["tied"]
+    path = export_translator(translator, str(tmp_path / weights_dtype), weights_dtype=weights_dtype)
+    loaded = tf.saved_model.load(path)
+    copies = [v for v in loaded.variables if v.name.startswith("output_kernel_transposed")]
+    assert len(copies) == 1
+    copy = copies[0]
+    table = translator.model.decoder_embedding.token_embedding.embeddings.numpy()
+    assert copy.dtype == weights_dtype and copy.shape == (table.shape[1], table.shape[0])
+    np.testing.assert_array_equal(copy.numpy(), table.T.astype(weights_dtype))
+    with open(os.path.join(path, "keras_transformer.json")) as f:
+        assert json.load(f)["decoding"]["transposed_output_table"] is True
+    serve = loaded.signatures["serving_default"]
+    want = serve(text=tf.constant(INPUTS))["translation"].numpy().tolist()
+    assert want == translator(INPUTS).numpy().tolist()
+    saved = copy.numpy()
+    copy.assign(np.zeros_like(saved))
+    assert serve(text=tf.constant(INPUTS))["translation"].numpy().tolist() != want
+    copy.assign(saved)
+    assert serve(text=tf.constant(INPUTS))["translation"].numpy().tolist() == want
+    for name, dtype in (("beam", "float32"), ("tied", "int8")):
+        other = export_translator(translators[name], str(tmp_path / f"{name}-{dtype}"), weights_dtype=dtype)
+        assert not [v for v in tf.saved_model.load(other).variables if "transposed" in v.name]
+
+
+def test_transposed_output_table_holds_the_transpose_and_fits_only_tied_models(exported):
+    """`Translator(transposed_output_table=True)` copies the table's
+    transpose once and translates as the plain one. `TransformerParts(output_kernel=...)` refuses an untied model and
+    a copy of another shape."""
+    from keras_transformer.decoding import TransformerParts
+    from keras_transformer.decoding import transposed_output_table
+
+    translators, _ = exported
+    plain = translators["tied"]
+    model = plain.model
+    fast = Translator(model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
+                      transposed_output_table=True)
+    assert fast(INPUTS).numpy().tolist() == plain(INPUTS).numpy().tolist()
+    table = model.decoder_embedding.token_embedding.embeddings
+    np.testing.assert_array_equal(fast._output_kernel.numpy(), table.numpy().T)
+    untied = translators["beam"].model
+    assert transposed_output_table(untied) is None
+    untied_fast = Translator(untied, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3,
+                             transposed_output_table=True)
+    assert untied_fast._output_kernel is None
+    with pytest.raises(ValueError, match="tie_embeddings='none'"):
+        TransformerParts(untied, output_kernel=transposed_output_table(model))
+    with pytest.raises(ValueError, match=r"must have shape \(32, "):
+        TransformerParts(model, output_kernel=keras.Variable(np.zeros((32, 7), "float32")))
 
 
 def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path):
@@ -491,15 +552,17 @@ SAVED_MODEL_CLI = (
 )
 
 
-@pytest.mark.parametrize("weights_dtype", ["float32", "float16", "int8"])
-def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights_dtype):
+@pytest.mark.parametrize("name,weights_dtype", [("beam", "float32"), ("beam", "float16"), ("beam", "int8"),
+                                                ("tied", "float16")])
+def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, name, weights_dtype):
     """`saved_model_cli show` lists the signatures; `saved_model_cli run` loads
     the model with the TF1 session loader, the one TF Serving uses, and gives
     the same translation (a SavedModel tracking the Keras model object fails
-    there with "Could not find variable")."""
+    there with "Could not find variable"); the tied model's export holds the
+    transposed output table too."""
     translators, paths = exported
-    translator = translators["beam"]
-    path = paths["beam"]
+    translator = translators[name]
+    path = paths[name]
     if weights_dtype != "float32":
         path = export_translator(translator, str(tmp_path / weights_dtype), weights_dtype=weights_dtype)
     show = subprocess.run([sys.executable, "-c", SAVED_MODEL_CLI, "show", "--dir", path, "--all"],
@@ -516,7 +579,8 @@ def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, weights
     assert run.returncode == 0, run.stderr[-2000:]
     loaded = tf.saved_model.load(path).signatures["serving_default"]
     want = loaded(text=tf.constant(INPUTS[:2]))["translation"].numpy().tolist()
-    assert "[" + " ".join(repr(t) for t in want) + "]" in run.stdout
+    # NumPy wraps a long array's repr across lines.
+    assert "[" + " ".join(repr(t) for t in want) + "]" in " ".join(run.stdout.split())
 
 
 def test_the_unknown_id_is_kept_out_of_translations_unless_allowed(exported):

@@ -5,3 +5,4 @@ from keras_transformer.decoding.beam_search import length_penalty_factor
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.limits import decode_limits
 from keras_transformer.decoding.model_parts import TransformerParts
+from keras_transformer.decoding.model_parts import transposed_output_table

@@ -1,5 +1,8 @@
 """A built Transformer, wired for step-by-step decoding."""
 
+import keras
+from keras import ops
+
 from keras_transformer.decoding.growing_cache import empty_growing_cache
 from keras_transformer.models.conversion import as_transformer
 
@@ -24,6 +27,53 @@ def phase_lengths(length, first=None):
     return sizes + [length]
 
 
+def transposed_output_table(model):
+    """A copy of the tied token table's transpose, for
+    `TransformerParts(output_kernel=...)`.
+
+    A tied output projection (section 3.4; Press & Wolf 2017) multiplies
+    the decoder outputs by the transpose of the `(vocab, d_model)` token
+    table. In a search that product reads the whole table every step, and
+    on a CPU it runs about twice as fast on a table stored as `(d_model,
+    vocab)` as on the transpose of one stored as `(vocab, d_model)`; a
+    transposed copy taken in every search costs more than it saves at
+    small batches. This copy is taken once. It is a snapshot: later
+    changes to the model's weights do not reach it.
+
+    Args:
+        model: a `Transformer` (from `build_transformer`).
+
+    Returns:
+        A non-trainable `keras.Variable` of shape `(d_model, vocab)` in the
+        table's storage dtype, holding the table's transpose; None when the
+        model's output projection is not a tied plain table (untied: its
+        kernel has that layout already; quantized or with LoRA weights).
+
+    Example:
+    >>> from keras_transformer import build_transformer
+    >>> model = build_transformer(40, 40, num_layers=1, d_model=8, num_heads=2, dff=16,
+    ...                           sequence_length=8, tie_embeddings="all")
+    >>> tuple(transposed_output_table(model).shape)
+    (8, 40)
+    >>> untied = build_transformer(40, 40, num_layers=1, d_model=8, num_heads=2, dff=16,
+    ...                            sequence_length=8, tie_embeddings="none")
+    >>> transposed_output_table(untied) is None
+    True
+    """
+    model = as_transformer(model)
+    layer = model.decoder_embedding
+    if model.logits_layer is not layer:
+        return None
+    table = layer.token_embedding
+    if table.quantization_mode is not None or table.lora_enabled:
+        return None
+    embeddings = table.embeddings
+    return keras.Variable(
+        ops.transpose(ops.convert_to_tensor(embeddings)), dtype=embeddings.dtype,
+        trainable=False, name="output_kernel_transposed",
+    )
+
+
 class TransformerParts:
     """A `Transformer` and the cache layout a search decodes it with.
 
@@ -39,13 +89,21 @@ class TransformerParts:
             (`as_transformer`).
         pad_id: int, padding id of the source; must be the model's.
         growing_cache: bool, grow the self-attention caches a step.
+        output_kernel: optional `(d_model, tgt_vocab_size)` variable from
+            `transposed_output_table(model)`: the tied output projection
+            (section 3.4) then multiplies by this copy of the token table's
+            transpose instead of transposing the table (or folding the
+            transpose into the product) in every search. It must hold the
+            table's current values: a copy taken before the weights changed
+            gives logits of the old table.
 
     Raises:
-        ValueError: if `model` is not a Transformer, or `pad_id` differs
-            from the model's.
+        ValueError: if `model` is not a Transformer, `pad_id` differs
+            from the model's, or `output_kernel` is given for a model
+            without a tied output projection or has another shape.
     """
 
-    def __init__(self, model, pad_id=0, growing_cache=False):
+    def __init__(self, model, pad_id=0, growing_cache=False, output_kernel=None):
         model = as_transformer(model)
         if int(pad_id) != model.pad_id:
             raise ValueError(
@@ -55,6 +113,21 @@ class TransformerParts:
         self.model = model
         self.pad_id = model.pad_id
         self.growing_cache = bool(growing_cache)
+        if output_kernel is not None:
+            if model.logits_layer is not model.decoder_embedding:
+                raise ValueError(
+                    f"`output_kernel` replaces the transposed token table of a tied output "
+                    f"projection, but the model {model.name!r} has its own output kernel "
+                    "(tie_embeddings='none'); drop `output_kernel`."
+                )
+            expected = (model.d_model, model.tgt_vocab_size)
+            if tuple(output_kernel.shape) != expected:
+                raise ValueError(
+                    f"`output_kernel` must have shape {expected} (d_model, tgt_vocab_size), the "
+                    f"transposed token table; got {tuple(output_kernel.shape)}. Make it with "
+                    "`transposed_output_table(model)`."
+                )
+        self.output_kernel = output_kernel
         self.encoder_embedding = model.encoder_embedding
         self.decoder_embedding = model.decoder_embedding
         self.decoder_layers = model.decoder_layers
@@ -112,8 +185,26 @@ class TransformerParts:
         decoding loop, and pass them to every `decode_step`. With fixed-size
         caches (XLA, JAX, torch) a tied output projection multiplies by the
         transposed table in each step (`fold_tied_transpose`); the graph of
-        growing caches takes a transposed copy once."""
-        return self.model.decoding_weights(fold_tied_transpose=not self.growing_cache)
+        growing caches takes a transposed copy once. With `output_kernel`
+        the projection reads that copy, made before any search.
+
+        Raises:
+            ValueError: if the token table was quantized or given LoRA
+                weights after `output_kernel` was copied from it.
+        """
+        weights = self.model.decoding_weights(
+            fold_tied_transpose=not self.growing_cache or self.output_kernel is not None
+        )
+        if self.output_kernel is not None:
+            table = weights["embedding"]
+            if table is None:
+                raise ValueError(
+                    "The model's token table was quantized or given LoRA weights after "
+                    "`output_kernel` was copied from it; build the TransformerParts (or the "
+                    "Translator) again."
+                )
+            weights["logits"] = (ops.cast(self.output_kernel, table.dtype), None, False)
+        return weights
 
     def decode_step(self, token_ids, index, self_caches, cross_caches, encoder_outputs_mask,
                     return_attention_scores=False, weights=None, beams_per_source=1):

@@ -90,10 +90,12 @@ def dynamic_decode(
         (`decoding.compiled`).
     """
     if compiled.applies(source_ids) and hasattr(parts, "model"):
-        # A `TransformerParts` is its model and cache layout; a subclass may
-        # hold more, so its searches are kept per object.
+        # A `TransformerParts` is its model and cache layout; a subclass, or
+        # one with its own `output_kernel` (a tensor the compiled search
+        # holds), may hold more, so its searches are kept per object.
+        plain = type(parts) is TransformerParts and parts.output_kernel is None
         parts_key = (type(parts), bool(getattr(parts, "growing_cache", False))) \
-            if type(parts) is TransformerParts else ("object", id(parts))
+            if plain else ("object", id(parts))
         setting = (
             parts_key, type(strategy), tuple(sorted(vars(strategy).items())), int(start_id),
             int(end_id), int(pad_id), max_length, length_ratio, length_offset,
