@@ -105,7 +105,7 @@ def config_for(args):
         lr_scale=args.lr_scale, sequence_length=64,
         early_stopping_patience=10, time_budget=args.time_budget,
         keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
-        bidirectional_epochs=args.bidirectional_epochs, seed=args.seed,
+        bidirectional_epochs=args.bidirectional_epochs, cooldown_epochs=args.cooldown_epochs, seed=args.seed,
     )
 
 
@@ -122,6 +122,13 @@ def bidirectional_note(tc):
         return ""
     return (f" bidirectional training (BiT, Ding et al., 2021): epochs 1-{tc['bidirectional_epochs']} on the "
             "pairs in both directions, the rest source to target,")
+
+
+def cooldown_note(tc):
+    """The card's words for the learning-rate cooldown, when the run used it."""
+    if not tc.get("cooldown_epochs"):
+        return ""
+    return f" the learning rate falling linearly to 0 over the last {tc['cooldown_epochs']} epochs,"
 
 
 def recipe_flags(tc, mc):
@@ -142,6 +149,8 @@ def recipe_flags(tc, mc):
         flags += f" --subword-alpha {tc['subword_alpha']:g}"
     if tc.get("bidirectional_epochs"):
         flags += f" --bidirectional-epochs {tc['bidirectional_epochs']}"
+    if tc.get("cooldown_epochs"):
+        flags += f" --cooldown-epochs {tc['cooldown_epochs']}"
     if mc.get("dropout_rate", 0.2) != 0.2:
         flags += f" --dropout-rate {mc['dropout_rate']:g}"
     if tc.get("seed", 0) != 0:
@@ -351,7 +360,7 @@ set was translated once, by the chosen SavedModel.
   {'one SentencePiece model for both sides' if tc.get('shared_vocab') else 'separate SentencePiece models'};
   tied embeddings: {mc.get('tie_embeddings', 'none')}; cased, no lowercasing.
 - Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
-  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)}{bidirectional_note(tc)} length-bucketed batches of about
+  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)}{bidirectional_note(tc)}{cooldown_note(tc)} length-bucketed batches of about
   {tc['tokens_per_batch']} tokens per side, dtype policy `{mc.get('dtype', 'float32')}`, seed {tc['seed']}; early stopping patience
   {tc.get('early_stopping_patience')}; the last {tc.get('average_last')} epoch checkpoints averaged.
 - Trained {m['epochs_trained']} epochs ({m['steps']} steps); best validation loss at
@@ -402,6 +411,9 @@ def build_parser():
     parser.add_argument("--bidirectional-epochs", type=int, default=0,
                         help="bidirectional training (BiT): the first N epochs on the pairs in both "
                              "directions, twice the steps (the recipe: 0, off)")
+    parser.add_argument("--cooldown-epochs", type=int, default=0,
+                        help="the learning rate falls linearly to 0 over the last N of --epochs; choose "
+                             "--epochs that fit --time-budget (the recipe: 0, off)")
     parser.add_argument("--time-budget", type=float, default=7200,
                         help="seconds of training (the epochs' seconds, a resumed run's included): stop "
                              "at the epoch end after which the next epoch would pass it (the recipe: 7200)")

@@ -102,6 +102,10 @@ def _add_training_args(parser):
                         help="bidirectional training (BiT, Ding et al., 2021): the first N epochs train on the "
                              "pairs in both directions (twice the steps), the rest source to target; needs "
                              "--shared-vocab (default: %(default)s, off)")
+    parser.add_argument("--cooldown-epochs", type=int, default=defaults.cooldown_epochs, metavar="N",
+                        help="the learning rate falls linearly to 0 over the last N of --epochs (not in the "
+                             "paper; a run that --time-budget or early stopping ends sooner never reaches "
+                             "it) (default: %(default)s, off)")
     for name, help_text in (
         ("attention-dropout-rate", "dropout on the attention weights (default: --dropout-rate)"),
         ("activation-dropout-rate", "dropout on the feed-forward activation (default: 0)"),

@@ -62,6 +62,13 @@ class TrainingConfig:
             optimizer and learning-rate schedule going on across the
             switch. Needs `shared_vocab`. 0 (default): one direction
             throughout.
+        cooldown_epochs: the learning rate falls linearly to 0 over the
+            last N of `epochs` (`WarmupSchedule`'s `cooldown_steps`, the
+            steps counted from the epochs' batches, BiT's two-way epochs
+            included). 0 (default): no cooldown, as in the paper. A run
+            that early stopping or `time_budget` ends sooner never reaches
+            it, so choose `epochs` that fit the budget; a run extended to
+            more epochs afterwards gets a new cooldown at its new end.
         seed: random seed.
         jit_compile: XLA for the train step on tensorflow (`"auto"` lets Keras
             choose), `torch.compile` on torch; on jax the step is always
@@ -124,6 +131,7 @@ class TrainingConfig:
     label_smoothing: float = 0.1
     subword_alpha: float = None
     bidirectional_epochs: int = 0
+    cooldown_epochs: int = 0
     seed: int = 0
     jit_compile: object = False
     distribution: str = None

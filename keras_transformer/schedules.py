@@ -53,6 +53,15 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         scale: positive number. Extra multiplier on the whole schedule
             (OpenNMT calls it the "learning rate" of the Noam schedule, often
             set to 2.0). Defaults to 1.0, the paper's schedule.
+        total_steps, cooldown_steps: optional positive integers, given
+            together (`cooldown_steps <= total_steps`): a cooldown, which is
+            not in the paper. The rate above is then multiplied by
+            `clip((total_steps - step) / cooldown_steps, 0, 1)`: unchanged
+            until `total_steps - cooldown_steps`, then falling linearly to
+            0 at `total_steps` (and 0 after it), the decay phase of
+            warmup-stable-decay schedules (Hägele et al., 2024), for a run
+            whose length is known. Default None: no cooldown, the rate
+            never reaches 0.
 
     Call arguments:
         step: scalar, any integer or float dtype (Python number or tensor).
@@ -63,7 +72,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Raises:
         ValueError: if `d_model`, `warmup_steps` or `scale` is not a positive,
-            finite number.
+            finite number, or `total_steps` / `cooldown_steps` are not both
+            None or both positive integers with `cooldown_steps <=
+            total_steps`.
 
     Example:
 
@@ -78,16 +89,36 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762),
           section 5.3 "Optimizer", equation 3.
+        - [Hägele et al., 2024](https://arxiv.org/abs/2405.18392), "Scaling
+          Laws and Compute-Optimal Training Beyond Fixed Training
+          Durations": the linear cooldown.
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None, cooldown_steps=None):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("warmup_steps", warmup_steps)
         _check_positive("scale", scale)
+        if (total_steps is None) != (cooldown_steps is None):
+            raise ValueError(
+                "`total_steps` and `cooldown_steps` go together (the cooldown ends at "
+                f"`total_steps`); got total_steps={total_steps!r}, cooldown_steps={cooldown_steps!r}."
+            )
+        if total_steps is not None:
+            for name, value in (("total_steps", total_steps), ("cooldown_steps", cooldown_steps)):
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                    raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}.")
+            if cooldown_steps > total_steps:
+                raise ValueError(
+                    f"`cooldown_steps` ({cooldown_steps}) must not exceed `total_steps` ({total_steps}): "
+                    "the cooldown is the end of the run."
+                )
+            total_steps, cooldown_steps = int(total_steps), int(cooldown_steps)
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
+        self.total_steps = total_steps
+        self.cooldown_steps = cooldown_steps
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
@@ -95,11 +126,18 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         factor = float(self.scale) * float(self.d_model) ** -0.5
         decay = ops.rsqrt(step)
         warmup = step * (float(self.warmup_steps) ** -1.5)
-        return ops.cast(factor * ops.minimum(decay, warmup), "float32")
+        rate = factor * ops.minimum(decay, warmup)
+        if self.cooldown_steps is not None:
+            left = (float(self.total_steps) - step) / float(self.cooldown_steps)
+            rate = rate * ops.clip(left, 0.0, 1.0)
+        return ops.cast(rate, "float32")
 
     def get_config(self):
-        return {
+        config = {
             "d_model": self.d_model,
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
         }
+        if self.cooldown_steps is not None:  # configs without a cooldown stay as they were
+            config.update(total_steps=self.total_steps, cooldown_steps=self.cooldown_steps)
+        return config

@@ -203,6 +203,9 @@ def _check_settings(config, model_config):
     epochs = config.bidirectional_epochs
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"`bidirectional_epochs` must be an integer of at least 0; got {epochs!r}.")
+    cooldown = config.cooldown_epochs
+    if isinstance(cooldown, bool) or not isinstance(cooldown, int) or not 0 <= cooldown <= config.epochs:
+        raise ValueError(f"`cooldown_epochs` must be an integer from 0 to epochs={config.epochs}; got {cooldown!r}.")
     if epochs and not config.shared_vocab:
         raise ValueError(
             f"bidirectional_epochs={epochs} trains target-to-source pairs too, which needs one "
@@ -374,6 +377,22 @@ def _resuming(out, epoch, fell_back, verbose):
             os.replace(path + ".tmp", path)
 
 
+def _cooldown_steps(config, train_ds, both_directions):
+    """`WarmupSchedule`'s `total_steps` and `cooldown_steps` for
+    `config.cooldown_epochs` (empty without one): the batches of every
+    epoch up to `config.epochs`, BiT's two-way epochs first."""
+    if not config.cooldown_epochs:
+        return {}
+    bidirectional = min(config.bidirectional_epochs, config.epochs)
+    one_way = int(train_ds.cardinality())
+    two_way = int(both_directions().cardinality()) if bidirectional else 1
+    if one_way < 1 or two_way < 1:
+        raise ValueError("cooldown_epochs counts the steps of the run from the batches of an epoch, which "
+                         "this dataset does not declare; pass --cooldown-epochs 0.")
+    steps = [two_way] * bidirectional + [one_way] * (config.epochs - bidirectional)
+    return {"total_steps": sum(steps), "cooldown_steps": sum(steps[-config.cooldown_epochs:])}
+
+
 def _warn_short_warmup(warmup_steps, steps_per_epoch, epochs):
     """Warns, before the first epoch, when the run is too short to finish
     the learning-rate warm-up (the rate would still be rising at the end)."""
@@ -502,10 +521,14 @@ def train(config, verbose=1):
     train_ds = dataset(src_lines, tgt_lines, True, config.subword_alpha)
     val_ds = dataset(config.val_src, config.val_tgt, False) if config.val_src else None
 
+    two_way = []
+
     def both_directions():
         # BiT (Ding et al., 2021): each pair also as target -> source. The
-        # shared vocabulary tokenizes either side.
-        return dataset(src_lines + tgt_lines, tgt_lines + src_lines, True, config.subword_alpha)
+        # shared vocabulary tokenizes either side. Built once, when needed.
+        if not two_way:
+            two_way.append(dataset(src_lines + tgt_lines, tgt_lines + src_lines, True, config.subword_alpha))
+        return two_way[0]
 
     with data_parallel_scope(config.distribution):
         return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose,
@@ -542,7 +565,11 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
     if verbose:
         print(f"Model: {model.count_params():,} parameters (preset {config.preset}, "
               f"tie_embeddings={config.tie_embeddings})")
-    schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale)
+    cooldown = _cooldown_steps(config, train_ds, both_directions)
+    schedule = WarmupSchedule(model_config["d_model"], config.warmup_steps, scale=config.lr_scale, **cooldown)
+    if verbose and cooldown:
+        print(f"Learning-rate cooldown: linear to 0 over the last {config.cooldown_epochs} epochs, steps "
+              f"{cooldown['total_steps'] - cooldown['cooldown_steps'] + 1}-{cooldown['total_steps']}")
     model.compile(
         optimizer=Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),

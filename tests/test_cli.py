@@ -378,6 +378,8 @@ def test_train_input_mistakes_are_one_line_errors_before_any_work(tmp_path, caps
     (["--subword-alpha", "0"], "`subword_alpha` must be a number in (0, 1]"),
     (["--bidirectional-epochs", "-1"], "`bidirectional_epochs` must be an integer of at least 0"),
     (["--bidirectional-epochs", "2"], "needs one vocabulary for both sides: add --shared-vocab"),
+    (["--epochs", "3", "--cooldown-epochs", "4"], "`cooldown_epochs` must be an integer from 0 to epochs=3"),
+    (["--cooldown-epochs", "-1"], "`cooldown_epochs` must be an integer from 0"),
 ])
 def test_settings_the_model_or_data_would_refuse_are_refused_before_the_folder(
     tmp_path, capsys, flags, message
@@ -1166,6 +1168,37 @@ def test_bidirectional_epochs_train_both_directions_first_and_resume_in_either_s
     assert [call for call in calls if call[0] == en + de] == []
     records = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
     assert records[-1]["epoch"] == 5 and records[-1]["steps"] == one_way
+
+
+@pytest.mark.parametrize("bidirectional", [0, 1])
+def test_cooldown_epochs_end_the_learning_rate_at_zero_on_the_last_step(tmp_path, capsys, bidirectional):
+    """--cooldown-epochs 2 of 3: the schedule's cooldown spans the steps of
+    the last two epochs (as epochs.jsonl counts them, BiT's two-way epoch
+    included) and ends at the run's last step, where the rate is 0; before
+    the cooldown the rate is the plain schedule's."""
+    from keras_transformer.schedules import WarmupSchedule
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=80, n_val=10, seed=6)
+    run = tmp_path / "run"
+    main(["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+          "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+          "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+          "--sequence-length", "24", "--src-vocab-size", "120", "--tgt-vocab-size", "120",
+          "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10",
+          "--bidirectional-epochs", str(bidirectional), "--epochs", "3", "--cooldown-epochs", "2"])
+    steps = [json.loads(line)["steps"] for line in (run / "epochs.jsonl").read_text().splitlines()]
+    assert len(steps) == 3 and (steps[0] > steps[1]) == bool(bidirectional)
+    out = capsys.readouterr().out
+    assert f"linear to 0 over the last 2 epochs, steps {steps[0] + 1}-{sum(steps)}" in out
+    model = keras.saving.load_model(str(run / "model.keras"), compile=True)
+    config = model.optimizer.get_config()["learning_rate"]["config"]
+    assert (config["total_steps"], config["cooldown_steps"]) == (sum(steps), steps[1] + steps[2])
+    assert int(model.optimizer.iterations) == sum(steps)
+    assert float(model.optimizer.learning_rate) == 0.0
+    schedule = WarmupSchedule.from_config(config)
+    plain = WarmupSchedule(config["d_model"], 10, scale=config["scale"])
+    assert float(schedule(steps[0])) == float(plain(steps[0])) > 0
 
 
 @pytest.mark.parametrize("extra, message", [

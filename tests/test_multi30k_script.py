@@ -43,6 +43,7 @@ def test_defaults_are_the_recipe(script):
     "--d-model 256 --num-layers 3 --dff 1024 --norm-first --dropout-rate 0.3 --seed 2",
     "--num-layers 6 --num-decoder-layers 2 --norm-first --dropout-rate 0.2 --seed 3",
     "--norm-first --subword-alpha 0.3 --bidirectional-epochs 14 --dropout-rate 0.2 --seed 4",
+    "--norm-first --subword-alpha 0.3 --cooldown-epochs 20 --dropout-rate 0.2 --seed 5",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)

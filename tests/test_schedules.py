@@ -187,3 +187,57 @@ def test_c11_model_with_schedule_saves_and_loads(tmp_path):
 def test_invalid_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):
         WarmupSchedule(**kwargs)
+
+
+def test_cooldown_falls_linearly_to_zero_at_total_steps():
+    """With `total_steps` and `cooldown_steps` the rate is equation 3 times
+    clip((total - step) / cooldown, 0, 1): unchanged before the cooldown,
+    linear to 0 at `total_steps`, 0 after (a NumPy reference)."""
+    schedule = WarmupSchedule(d_model=128, warmup_steps=100, scale=2.0, total_steps=1000, cooldown_steps=200)
+    steps = np.array([0, 1, 50, 100, 500, 799, 800, 801, 900, 950, 999, 1000, 1001, 5000])
+    factor = np.clip((1000 - np.maximum(steps, 1.0)) / 200, 0.0, 1.0)
+    want = reference(steps, warmup_steps=100, scale=2.0) * factor
+    got = np.array([float(to_numpy(schedule(int(step)))) for step in steps])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    assert got[-4] > 0 and not got[-3:].any()  # 999 > 0; 1000, 1001, 5000 give 0
+    plain = WarmupSchedule(d_model=128, warmup_steps=100, scale=2.0)
+    for step in (1, 100, 800):
+        assert float(to_numpy(schedule(step))) == float(to_numpy(plain(step)))
+    # A tensor step (the optimizer's int64 iterations) gives the same.
+    np.testing.assert_allclose(to_numpy(schedule(ops.convert_to_tensor(900, "int64"))), want[8], rtol=1e-6)
+
+
+def test_cooldown_survives_config_serialization_and_model_save(tmp_path):
+    """The cooldown is in `get_config` (only when set: a schedule without one
+    keeps its old three keys) and comes back through `from_config`, Keras
+    serialization and a saved model's optimizer."""
+    schedule = WarmupSchedule(d_model=64, warmup_steps=10, total_steps=40, cooldown_steps=20)
+    config = schedule.get_config()
+    assert config == {"d_model": 64, "warmup_steps": 10, "scale": 1.0, "total_steps": 40, "cooldown_steps": 20}
+    for restored in (WarmupSchedule.from_config(config),
+                     keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))):
+        for step in (5, 25, 30, 39, 40):
+            assert float(to_numpy(restored(step))) == float(to_numpy(schedule(step)))
+    inputs = keras.Input(shape=(3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+    model.fit(np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"), epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert loaded.optimizer.get_config()["learning_rate"]["config"] == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"total_steps": 100}, "go together"),
+        ({"cooldown_steps": 10}, "go together"),
+        ({"total_steps": 100, "cooldown_steps": 0}, "cooldown_steps"),
+        ({"total_steps": 100.5, "cooldown_steps": 10}, "total_steps"),
+        ({"total_steps": True, "cooldown_steps": 1}, "total_steps"),
+        ({"total_steps": 100, "cooldown_steps": 101}, "must not exceed"),
+    ],
+)
+def test_bad_cooldown_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WarmupSchedule(d_model=128, warmup_steps=10, **kwargs)
