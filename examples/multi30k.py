@@ -277,6 +277,12 @@ def refresh_card(out, m, card):
                    f"{rows}\n\n")
         card = re.sub(r"## Search chosen again on val\n.*?\n\n(?=## )", "", card, flags=re.S)
         card = card.replace("## Configuration", section + "## Configuration", 1)
+        # Reproduce: the refresh that chose this search follows the ship line.
+        card = re.sub(r"python examples/multi30k\.py [^\n]* refresh --search [^\n]*\n", "", card)
+        flags = " ".join(f"--search {r['beam_size']}:{r['length_penalty']}" for r in m["searches_on_val"][1:])
+        if flags:
+            card = re.sub(r"(python examples/multi30k\.py [^\n]* --pair (\S+) ship\n)",
+                          lambda g: g.group(1) + g.group(1)[:-len(" ship\n")] + f" refresh {flags}\n", card)
     with open(os.path.join(out, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
         f.write(card)
 
