@@ -21,7 +21,8 @@ strings out (SentencePiece included), beam 4 with the GNMT length penalty
   compiled by XLA, as TF Serving runs it with
   `--xla_cpu_compilation_enabled=true`; each new batch size and source
   length, padded to a multiple of 8, compiles once, in the first round);
-  `saved_model_now_xla_1x1` that on one inter-op and one intra-op thread;
+  `saved_model_now_xla_1x1` that on one inter-op and one intra-op thread,
+  and `..._xla_old_runtime` that with XLA's older CPU runtime (below);
   `saved_model_now_hybrid` the same with `--xla-max-batch-size` (XLA for
   batches up to that size, the plain graph above);
   `saved_model_now_1thread` the same with one TensorFlow thread for ops and
@@ -250,6 +251,8 @@ def main():
         ("saved_model_int8", "saved_model", lambda: export("int8", "int8"), None),
         ("saved_model_now_xla", "saved_model", lambda: export("xla", **xla), None),
         ("saved_model_now_xla_1x1", "saved_model@1x1", lambda: export("xla", **xla), None),
+        ("saved_model_now_xla_1x1_xla_old_runtime", "saved_model@1x1", lambda: export("xla", **xla),
+         old_runtime),
         ("saved_model_now_hybrid", "saved_model", lambda: export("hybrid", **hybrid), None),
         # Two searches of half a batch each, on two inter-op threads of one
         # intra-op thread (TF Serving: --tensorflow_inter_op_parallelism=2
