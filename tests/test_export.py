@@ -429,6 +429,50 @@ def test_transposed_output_table_holds_the_transpose_and_fits_only_tied_models(e
         TransformerParts(model, output_kernel=keras.Variable(np.zeros((32, 7), "float32")))
 
 
+@pytest.mark.parametrize("change", ["lora", "int8"])
+def test_a_table_changed_after_its_transposed_copy_is_refused(change):
+    """The transposed copy is a snapshot of a plain table: once the table is
+    given LoRA weights or quantized, the copy no longer equals what the
+    model's projection computes, so `decoding_weights` refuses it with a
+    ValueError that says to build the parts again, rather than decoding
+    with stale logits. Built again, the parts decode the changed model.
+    A tied table cannot be quantized at all (the projection reads it in
+    float): that ValueError comes first."""
+    from keras_transformer.decoding import TransformerParts
+    from keras_transformer.decoding import transposed_output_table
+
+    keras.utils.set_random_seed(0)
+    model = build_transformer(40, 40, num_layers=1, d_model=8, num_heads=2, dff=16,
+                              sequence_length=8, tie_embeddings="all")
+    parts = TransformerParts(model, output_kernel=transposed_output_table(model))
+    assert parts.decoding_weights()["logits"][0].shape == (8, 40)
+    table = model.decoder_embedding.token_embedding
+    if change == "int8":  # a tied table cannot be quantized: the projection needs it in float
+        model.quantize("int8")
+        assert transposed_output_table(model) is None
+        with pytest.raises(ValueError, match=r"quantized \(int8\) and also the tied output projection"):
+            parts.decoding_weights()
+        return
+    table.enable_lora(2)
+    assert transposed_output_table(model) is None
+    with pytest.raises(ValueError, match="quantized or given LoRA weights after `output_kernel`"):
+        parts.decoding_weights()
+    # A LoRA update that moves the logits; parts built again decode it.
+    table.lora_embeddings_b.assign(np.full(table.lora_embeddings_b.shape, 0.5, "float32"))
+    again = TransformerParts(model, output_kernel=transposed_output_table(model))
+    assert again.output_kernel is None
+    source = np.array([[5, 6, 7, 0], [9, 8, 0, 0]], "int32")
+    target = np.array([[1, 4, 5], [1, 9, 3]], "int32")
+    full = keras.ops.convert_to_numpy(again.decode_uncached(source, target))
+    encoder_outputs, mask = again.encode(source)
+    cross = again.cross_caches(encoder_outputs)
+    caches = again.empty_self_caches(2, again.target_sequence_length, "float32")
+    weights = again.decoding_weights()
+    for t in range(target.shape[1]):
+        logits, caches = again.decode_step(target[:, t], t, caches, cross, mask, weights=weights)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(logits), full[:, t], atol=1e-5)
+
+
 def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path):
     """xla_max_batch_size=2: batches of one or two sentences take the XLA
     search, larger ones the graph search; the translations are the plain
