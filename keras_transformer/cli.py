@@ -253,11 +253,9 @@ class _Serve:
         self.truncated = 0
 
     def __call__(self, batch):
-        if self.limit:
-            import tensorflow as tf
+        from keras_transformer.translator import count_truncated
 
-            lengths = self.translator.src_tokenizer.tokenize(batch).row_lengths()
-            self.truncated += int(tf.reduce_sum(tf.cast(lengths > self.limit - 1, tf.int32)))
+        self.truncated += count_truncated(self.translator.src_tokenizer, self.limit, batch)
         return self.translator.serve(batch)["translation"]
 
 
@@ -271,9 +269,9 @@ def _report_truncated(serve, total):
     """Say on stderr how many of `total` sources `serve` had to cut."""
     count = getattr(serve, "truncated", 0)
     if count:
-        print(f"keras-transformer: {count} of {total} sentences are longer than the model's source "
-              f"limit of {serve.limit - 1} subword pieces; only their first {serve.limit - 1} pieces "
-              "were translated. Split long sentences to translate them whole.", file=sys.stderr)
+        from keras_transformer.translator import truncation_message
+
+        print(f"keras-transformer: {truncation_message(count, total, serve.limit)}", file=sys.stderr)
 
 
 def _translator(args, set_threads=False):
@@ -568,6 +566,16 @@ def cmd_demo(args):
     start = time.time()
     out = args.output_dir
     data = os.path.join(out, "data")
+    trained_on = os.path.join(data, "train.en")
+    if os.path.exists(os.path.join(out, "run", "config.json")) and os.path.exists(trained_on):
+        with open(trained_on, encoding="utf-8") as f:
+            pairs = sum(1 for _ in f)
+        if pairs != args.train_pairs:
+            raise ValueError(
+                f"{out} holds a demo run trained on {pairs} generated pairs, and --train-pairs is "
+                f"{args.train_pairs}: pass --train-pairs {pairs} to resume it, or delete {out} "
+                "(or pass another --output-dir) to start over."
+            )
     print(f"[1/4] Generating a synthetic English-German corpus in {data}")
     write_synthetic_corpus(data, n_train=args.train_pairs, n_val=200, seed=0)
     config = TrainingConfig(

@@ -20,6 +20,12 @@ TENSORFLOW_TEXT_OPS = (
     "SentencepieceDetokenizeOp",
 )
 METADATA_FILE = "keras_transformer.json"
+# What a SavedModel folder holds (an export replaces these), with the files
+# the shipped models keep beside them.
+SAVED_MODEL_ENTRIES = frozenset({
+    "saved_model.pb", "saved_model.pbtxt", "variables", "assets", "fingerprint.pb",
+    METADATA_FILE, "metrics.json", "MODEL_CARD.md",
+})
 
 
 def serving_flags(translator):
@@ -149,8 +155,8 @@ def export_translator(translator, path, weights_dtype="float32"):
     `unknown_rank`) so that a scalar is accepted; a higher rank than
     listed is an `InvalidArgumentError` before any other op runs.
 
-    The graph holds core TensorFlow ops plus the three tensorflow-text
-    SentencePiece ops in `TENSORFLOW_TEXT_OPS`, so it loads with
+    The graph holds core TensorFlow ops plus the four tensorflow-text ops
+    in `TENSORFLOW_TEXT_OPS` (Unicode normalization and SentencePiece), so it loads with
     `tf.saved_model.load` in a process that has imported `tensorflow` and
     `tensorflow_text`, as TF Serving does; neither Keras nor this library is
     needed. A tied output projection (section 3.4) is exported with a copy
@@ -161,7 +167,8 @@ def export_translator(translator, path, weights_dtype="float32"):
 
     Args:
         translator: a `keras_transformer.Translator`.
-        path: output folder (created; an existing SavedModel is replaced).
+        path: output folder: new, empty, or an earlier SavedModel, which
+            is replaced.
         weights_dtype: `"float32"`; `"float16"` to store the weights in
             half the space while still computing in float32
             (`Float16StoragePolicy`); or `"int8"` to store the matrices as
@@ -170,13 +177,33 @@ def export_translator(translator, path, weights_dtype="float32"):
 
     Returns:
         `path`.
+
+    Raises:
+        TypeError: if `translator` is not a `Translator`.
+        ValueError: for another `weights_dtype`, or int8 weights with XLA.
+        FileExistsError: if `path` holds files other than a SavedModel's
+            (a run folder, say), which the export would mix with its own.
     """
+    from keras_transformer.translator import Translator
+
+    if not isinstance(translator, Translator):
+        raise TypeError(
+            "export_translator takes a keras_transformer.Translator, got "
+            f"{type(translator).__name__}: wrap the model first, "
+            "`Translator(model, src_tokenizer, tgt_tokenizer, beam_size=4)`."
+        )
+    if os.path.isdir(path):
+        others = sorted(set(os.listdir(path)) - SAVED_MODEL_ENTRIES)
+        if others:
+            raise FileExistsError(
+                f"{path} holds files that are not a SavedModel's ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}); export to a new or empty folder "
+                "(an earlier SavedModel there is replaced)."
+            )
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ValueError(f"`weights_dtype` must be one of {WEIGHTS_DTYPES}; got {weights_dtype!r}.")
     # Rebuilt on the weights as stored, with the tied output table's
     # transpose copied once (the int8 export reads its table from int8).
-    from keras_transformer.translator import Translator
-
     translator = Translator(
         with_weights_dtype(translator.model, weights_dtype),
         translator.src_tokenizer,

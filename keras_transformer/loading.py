@@ -9,6 +9,7 @@ import numpy as np
 from keras_transformer.config import check_saved_model_folder
 from keras_transformer.translator import translate_lines
 from keras_transformer.translator import translate_n_best
+from keras_transformer.translator import warn_if_truncated
 
 
 def exported_parallel_searches(path):
@@ -142,8 +143,14 @@ class SavedModelTranslator:
         return self.serve(tf.constant(text, tf.string))["translation"]
 
     def translate_lines(self, lines, batch_size=64, progress=False):
-        """Translate a list of `str`; see `translator.translate_lines`."""
-        return translate_lines(lambda batch: self.serve(batch)["translation"], lines, batch_size, progress)
+        """Translate a list of `str`; see `translator.translate_lines`. Warns
+        (`UserWarning`) when sources were longer than the model takes."""
+        if hasattr(lines, "__next__"):  # read once, for both
+            lines = list(lines)
+        translations = translate_lines(lambda batch: self.serve(batch)["translation"], lines,
+                                       batch_size, progress)
+        warn_if_truncated(self, lines)
+        return translations
 
     def translate_n_best(self, lines, n, batch_size=64, distinct=True):
         """`n` best translations with scores, each text once with `distinct`;

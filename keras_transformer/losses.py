@@ -18,6 +18,52 @@ def _check_args(pad_id, label_smoothing):
         )
 
 
+def check_label_shape(y_true, reference, axes=2, reference_name="predictions"):
+    """`y_true`, once its first `axes` axes are checked to equal
+    `reference`'s: the labels `(batch, T)` against the predictions `(batch,
+    T, vocab)` or the decoder inputs `(batch, T)` they are shifted from.
+
+    Args:
+        y_true: int tensor or NumPy array, the labels.
+        reference: tensor or array whose leading axes the labels must have.
+        axes: int, how many leading axes to compare.
+        reference_name: what `reference` is, for the message.
+
+    Returns:
+        `y_true` (in a TensorFlow graph of unknown shape, with the check as a
+        control dependency).
+
+    Raises:
+        ValueError: when the shapes are known here and differ.
+        tf.errors.InvalidArgumentError: (tensorflow graph, shapes unknown
+            until run time) the same, at run time.
+    """
+    message = (
+        f"Labels and {reference_name} differ in shape: labels {{}} against {reference_name} {{}}{{}}. "
+        "The labels are the decoder inputs shifted by one, so both must have the "
+        "same `(batch, T)`."
+    )
+    known = True
+    for axis in range(axes):
+        labels, logits = y_true.shape[axis], reference.shape[axis]
+        if labels is not None and logits is not None and labels != logits:
+            raise ValueError(message.format(
+                tuple(y_true.shape), tuple(reference.shape), f" (axis {axis})"))
+        known = known and labels is not None and logits is not None
+    if known or keras.backend.backend() != "tensorflow":
+        return y_true
+    import tensorflow as tf
+
+    check = tf.debugging.assert_equal(
+        tf.shape(y_true)[:axes], tf.shape(reference)[:axes],
+        message=(f"Labels and {reference_name} differ in shape: their leading axes follow, "
+                 "labels first. The labels are the decoder inputs shifted by one, so both "
+                 "must have the same `(batch, T)`."),
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(y_true)
+
+
 def _align_ranks(y_true, y_pred):
     """Accepts labels `(batch, T)` or `(batch, T, 1)` for `(batch, T, V)`."""
     true_rank, pred_rank = len(y_true.shape), len(y_pred.shape)
@@ -31,15 +77,7 @@ def _align_ranks(y_true, y_pred):
             f"predictions). Received: y_true.shape={tuple(y_true.shape)}, "
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
-    for axis in range(true_rank):
-        labels, logits = y_true.shape[axis], y_pred.shape[axis]
-        if labels is not None and logits is not None and labels != logits:
-            raise ValueError(
-                "Labels and predictions differ in shape: labels "
-                f"{tuple(y_true.shape)} against predictions {tuple(y_pred.shape)} "
-                f"(axis {axis}). The labels are the decoder inputs shifted by one, "
-                "so both must have the same `(batch, T)`."
-            )
+    y_true = check_label_shape(y_true, y_pred, true_rank)
     return y_true
 
 

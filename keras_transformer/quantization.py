@@ -25,6 +25,7 @@ def quantize_int8(weights, axis):
     """`(q int8, scale float32)` with `weights ~ q * scale`, the scale
     reduced over `axis` (kept as size 1) and `q` in [-127, 127].
 
+    >>> import numpy as np
     >>> q, scale = quantize_int8(np.array([[0.5, -2.0], [0.25, 1.0]], "float32"), axis=0)
     >>> q.tolist(), scale.ravel().tolist()
     ([[127, -127], [64, 64]], [0.003937007859349251, 0.015748031437397003])

@@ -37,13 +37,16 @@ def as_batch(text):
 IDS_SPEC = tf.TensorSpec(None, tf.int32, name="source_ids")
 
 
-def as_id_batch(source_ids, vocab_size):
+def as_id_batch(source_ids, vocab_size, end_id, pad_id):
     """An int32 id tensor of rank 1 or 2 as a `(batch, length)` matrix.
 
     Raises:
         tf.errors.InvalidArgumentError: (in the graph, before any other op
-            uses the ids) for rank 0 or 3+, or for an id outside
-            `[0, vocab_size)`.
+            uses the ids) for rank 0 or 3+, for an id outside
+            `[0, vocab_size)`, or for a row whose last id before the
+            padding (`pad_id`) is not `end_id` (the encoder was trained on
+            sources that end with it; without it the translation runs on to
+            the length limit).
     """
     rank = tf.rank(source_ids)
     checks = [
@@ -71,7 +74,19 @@ def as_id_batch(source_ids, vocab_size):
     non_negative = tf.debugging.assert_non_negative(
         batch, message="`source_ids` must not be negative"
     )
-    with tf.control_dependencies([in_range, non_negative]):
+    # Each row's last id that is not padding (a column of padding added, so
+    # that a row of length 0 has one to read).
+    padded = tf.pad(batch, [[0, 0], [0, 1]], constant_values=pad_id)
+    positions = tf.range(tf.shape(padded)[1])[None, :]
+    last = tf.reduce_max(tf.where(tf.not_equal(padded, pad_id), positions, -1), axis=1)
+    last_ids = tf.gather(padded, tf.maximum(last, 0), batch_dims=1)
+    ends = tf.debugging.Assert(
+        tf.reduce_all(tf.logical_or(last < 0, tf.equal(last_ids, end_id))),
+        [f"`source_ids` rows must end with the end id {end_id} after their last "
+         f"piece (then padding with {pad_id}): append it to the ids of each "
+         "source, as the export's SentencePiece model gives them"],
+    )
+    with tf.control_dependencies([in_range, non_negative, ends]):
         return tf.identity(batch)
 
 
@@ -144,10 +159,12 @@ class ServingSignatures(tf.Module):
         end id alone and score 0, as a blank string does in `serve`.
 
         Raises:
-            tf.errors.InvalidArgumentError: for rank 0 or 3+, or an id
-                outside `[0, source vocab_size)`, before decoding starts.
+            tf.errors.InvalidArgumentError: for rank 0 or 3+, an id
+                outside `[0, source vocab_size)`, or a row that does not end
+                with `end_id` before its padding, before decoding starts.
         """
-        source_ids = as_id_batch(source_ids, self.translator.src_tokenizer.vocab_size)
+        tokenizer = self.translator.src_tokenizer
+        source_ids = as_id_batch(source_ids, tokenizer.vocab_size, tokenizer.end_id, tokenizer.pad_id)
         source_ids = self.translator._clip_source(source_ids)
         tokens, scores = self.translator.translate_ids(source_ids)
         tokens, scores = tokens[:, 0], scores[:, 0]

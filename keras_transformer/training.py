@@ -64,6 +64,7 @@ from keras_transformer.precision import resolve_precision
 from keras_transformer.schedules import WarmupSchedule
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.trainer import train_subword_tokenizer
+from keras_transformer.validation import check_rate
 
 
 def _tokenizer(path, data, vocab_size, lowercase):
@@ -212,9 +213,8 @@ def _check_settings(config, model_config):
             "vocabulary for both sides: add --shared-vocab (or pass --bidirectional-epochs 0)."
         )
     for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
-        rate = model_config.get(name)
-        if rate is not None and not 0.0 <= rate < 1.0:
-            raise ValueError(f"`{name}` must be in [0, 1); got {rate!r}.")
+        if model_config.get(name) is not None:
+            check_rate(model_config[name], name)
     if config.tie_embeddings not in TIE_EMBEDDINGS:
         raise ValueError(f"`tie_embeddings` must be one of {TIE_EMBEDDINGS}; got {config.tie_embeddings!r}.")
     if config.tie_embeddings == "all" and not config.shared_vocab:

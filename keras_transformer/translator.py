@@ -2,6 +2,7 @@
 
 import math
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.decoding.model_parts import transposed_output_table as transposed_output_table_of
 from keras_transformer.precision import compute_dtype
 from keras_transformer.tokenizers.normalization import normalize_text
+from keras_transformer.validation import check_count
 from keras_transformer.models.conversion import as_transformer
 from keras_transformer.precision import with_dtype_policy
 
@@ -96,8 +98,10 @@ class Translator(tf.Module):
         out; `(batch,)` in, `(batch,)` out).
 
     Raises:
+        TypeError: if a tokenizer is not one (a path, say).
         ValueError: on a Keras backend other than tensorflow, for
-            `beam_size` below 1 or above the target vocabulary, a
+            `beam_size` (or `parallel_searches`) not a whole number, below
+            1, or `beam_size` above the target vocabulary, a
             `length_penalty` that is negative or not finite, `max_length`
             below 1, `length_ratio` not a finite number above 0,
             `xla_max_batch_size` below 1 or without `jit_compile=True`,
@@ -147,6 +151,13 @@ class Translator(tf.Module):
                 "`greedy_search` / `beam_search` with `TransformerParts`, which "
                 "run on every backend."
             )
+        for side, tokenizer in (("src_tokenizer", src_tokenizer), ("tgt_tokenizer", tgt_tokenizer)):
+            if not all(hasattr(tokenizer, a) for a in ("vocab_size", "pad_id", "tokenize", "detokenize")):
+                raise TypeError(
+                    f"`{side}` must be a tokenizer such as a SubwordTokenizer "
+                    "(`train_subword_tokenizer(...)`, or `SubwordTokenizer.load(path)` for a "
+                    f"saved one); got {type(tokenizer).__name__} {tokenizer!r:.80}."
+                )
         # Checked here, not when the search is first traced (where the error
         # would come wrapped in a dump of the traced function).
         search = self._strategy(search, beam_size, length_penalty)
@@ -166,13 +177,7 @@ class Translator(tf.Module):
             if int(xla_max_batch_size) < 1:
                 raise ValueError(f"`xla_max_batch_size` must be at least 1 sentence; got {xla_max_batch_size}.")
             xla_max_batch_size = int(xla_max_batch_size)
-        try:
-            whole = not isinstance(parallel_searches, bool) and int(parallel_searches) == parallel_searches
-        except (TypeError, ValueError):
-            whole = False
-        if not whole or parallel_searches < 1:
-            raise ValueError(f"`parallel_searches` must be a whole number of search loops >= 1; got {parallel_searches!r}.")
-        parallel_searches = int(parallel_searches)
+        parallel_searches = check_count(parallel_searches, "parallel_searches", unit=" of search loops")
         if parallel_searches > 1 and jit_compile and xla_max_batch_size is None:
             raise ValueError("`parallel_searches` splits the batches of the plain graph search, and with "
                              "jit_compile=True every batch takes XLA: pass xla_max_batch_size too "
@@ -324,9 +329,7 @@ class Translator(tf.Module):
                 raise ValueError("Pass either `search` or `beam_size` / `length_penalty`, not both: "
                                  "set the beam on the strategy (BeamSearch(beam_size, length_penalty)).")
             return strategies.get(search)
-        beam_size = 4 if beam_size is None else int(beam_size)
-        if beam_size < 1:
-            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        beam_size = 4 if beam_size is None else check_count(beam_size, "beam_size")
         if beam_size == 1:
             if length_penalty is not None:
                 check_length_penalty(length_penalty)
@@ -413,10 +416,15 @@ class Translator(tf.Module):
         return self.signatures.serve(text)
 
     def translate_lines(self, lines, batch_size=64, progress=False):
-        """Translate a list of `str`; see `translate_lines`."""
-        return translate_lines(
+        """Translate a list of `str`; see `translate_lines`. Warns
+        (`UserWarning`) when sources were longer than the model takes."""
+        if hasattr(lines, "__next__"):  # read once, for both
+            lines = list(lines)
+        translations = translate_lines(
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
+        warn_if_truncated(self, lines)
+        return translations
 
     def translate_n_best(self, lines, n, batch_size=64, distinct=True):
         """The `n <= beam_size` best translations of each `str` with their
@@ -501,6 +509,41 @@ def _by_length(rows_of, lines, batch_size, progress):
         if bar is not None:
             bar.add(len(chunk))
     return results
+
+
+def count_truncated(tokenizer, limit, texts):
+    """How many of `texts` the source limit cuts: those of more than
+    `limit - 1` subword pieces (the end token takes the last position).
+
+    Args:
+        tokenizer: the source `SubwordTokenizer`.
+        limit: int, the encoder's `sequence_length`; None counts none.
+        texts: `tf.string` `(batch,)`.
+
+    Returns:
+        int.
+    """
+    if not limit or texts.shape[0] == 0:
+        return 0
+    lengths = tokenizer.tokenize(texts).row_lengths()
+    return int(tf.reduce_sum(tf.cast(lengths > limit - 1, tf.int32)))
+
+
+def truncation_message(count, total, limit):
+    """What the command line prints, and `translate_lines` warns, when
+    `count` of `total` sources were cut to `limit - 1` pieces."""
+    return (f"{count} of {total} sentences are longer than the model's source limit of "
+            f"{limit - 1} subword pieces; only their first {limit - 1} pieces were translated. "
+            "Split long sentences to translate them whole.")
+
+
+def warn_if_truncated(translator, lines):
+    """A `UserWarning` when the translator's source limit cut any of
+    `lines` (list of `str`), as the command line says on stderr."""
+    limit = translator.source_sequence_length
+    count = count_truncated(translator.src_tokenizer, limit, tf.constant(lines, tf.string))
+    if count:
+        warnings.warn(truncation_message(count, len(lines), limit), stacklevel=3)
 
 
 def translate_lines(serve, lines, batch_size=64, progress=False):

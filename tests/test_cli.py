@@ -187,6 +187,23 @@ def test_counts_below_one_are_refused_by_name(argv, capsys):
     assert f"argument {flag}: must be at least 1" in err, err
 
 
+def test_demo_refuses_to_resume_a_run_on_a_corpus_of_another_size(tmp_path, capsys):
+    """`demo --train-pairs 300` over a demo run trained on another number of
+    pairs regenerated the corpus and went on training the old run on it,
+    without a word; it now stops before writing anything."""
+    out = tmp_path / "demo"
+    (out / "run").mkdir(parents=True)
+    (out / "run" / "config.json").write_text("{}")
+    (out / "data").mkdir()
+    (out / "data" / "train.en").write_text("a\nb\nc\n")
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--output-dir", str(out), "--train-pairs", "300"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "trained on 3 generated pairs, and --train-pairs is 300: pass --train-pairs 3" in err, err
+    assert (out / "data" / "train.en").read_text() == "a\nb\nc\n"
+
+
 def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
     from keras_transformer.training import TrainingConfig, train
     from keras_transformer.translator import translate_lines
@@ -784,6 +801,8 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     from_saved_model = kt.load_translator(str(exported))
     assert from_saved_model.translate_lines(sentences) == plain
     assert [h[0][0] for h in from_saved_model.translate_n_best(sentences, 2)] == plain
+    with pytest.warns(UserWarning, match=r"1 of 1 sentences are longer than the model's source limit of 23 "):
+        from_saved_model.translate_lines([" ".join(sentences * 10)])
     with pytest.raises(ValueError, match="apply to a run only"):
         kt.load_translator(str(exported), beam_size=2)
     with pytest.raises(FileNotFoundError, match="neither a SavedModel"):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -176,9 +177,10 @@ def test_c17_saved_signatures_take_a_scalar_and_refuse_a_matrix_clearly(exported
 
 def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
     """`translate_ids`: one row of ids (rank 1) is a batch of one with the
-    batch's answer; a scalar, rank 3, an id past the vocabulary and a
-    negative id each get an error naming the problem, not a graph crash
-    ("slice index 1 of dimension 0 out of bounds", "indices ... not in")."""
+    batch's answer; a scalar, rank 3, an id past the vocabulary, a
+    negative id and a row without its end id each get an error naming the
+    problem, not a graph crash ("slice index 1 of dimension 0 out of
+    bounds", "indices ... not in") or 60 tokens of repetition."""
     translators, paths = exported
     translator = translators["beam"]
     loaded = tf.saved_model.load(paths["beam"])
@@ -189,12 +191,18 @@ def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
     assert one["target_ids"].shape[0] == 1
     np.testing.assert_array_equal(one["target_ids"].numpy(), batch["target_ids"].numpy())
     np.testing.assert_allclose(one["score"].numpy(), batch["score"].numpy(), atol=1e-6)
+    # Padding after the end id, and rows of padding alone, are fine.
+    padded = by_ids(source_ids=tf.concat([row, tf.zeros([3], row.dtype)], 0)[None])
+    np.testing.assert_array_equal(padded["target_ids"].numpy(), batch["target_ids"].numpy())
+    assert by_ids(source_ids=tf.zeros([2, 4], tf.int32))["target_ids"].shape[0] == 2
     vocab = translator.src_tokenizer.vocab_size
     for bad, message in [
         (tf.constant(5), "not a scalar"),
         (row[None, None], "flatten it first"),
         (tf.constant([[5, vocab, 3]]), rf"in \[0, {vocab}\)"),
         (tf.constant([[5, -1, 3]]), "must not be negative"),
+        (tf.constant([[5, 6, 7]]), "rows must end with the end id 3"),
+        (tf.constant([[5, 6, 3, 0], [5, 6, 0, 0]]), "rows must end with the end id 3"),
     ]:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             by_ids(source_ids=bad)
@@ -211,6 +219,14 @@ def test_c09_long_source_is_truncated_by_the_documented_rule(exported):
     full = translator.src_tokenizer.tokenize(tf.constant([long_text])).to_list()[0]
     np.testing.assert_array_equal(ids[0, :-1], full[: translator.source_sequence_length - 1])
     assert translator([long_text]).shape == (1,)
+    # translate_lines says so, as the command line does; a short line alone does not warn.
+    limit = translator.source_sequence_length - 1
+    for lines in ([long_text, "A dog."], iter([long_text, "A dog."])):
+        with pytest.warns(UserWarning, match=rf"1 of 2 sentences are longer than the model's source limit of {limit} "):
+            assert len(translator.translate_lines(lines)) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translator.translate_lines(["A dog."])
 
 
 def test_float16_weight_storage_halves_variables_and_keeps_translations(exported, tmp_path):
@@ -578,6 +594,39 @@ def test_bad_parallel_searches_is_refused(exported, settings, message):
     plain = exported[0]["beam"]
     with pytest.raises(ValueError, match=message):
         Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=3, **settings)
+
+
+@pytest.mark.parametrize("beam_size", [2.5, "3", True, 0])
+def test_a_beam_size_that_is_not_a_whole_number_is_refused(exported, beam_size):
+    """`beam_size=2.5` was cut to a beam of 2 without a word, and "3" or
+    True taken as 3 or 1."""
+    plain = exported[0]["beam"]
+    with pytest.raises(ValueError, match=r"`beam_size` must be a whole number >= 1; got "):
+        Translator(plain.model, plain.src_tokenizer, plain.tgt_tokenizer, beam_size=beam_size)
+
+
+def test_wrong_objects_for_translator_and_export_are_clear_type_errors(exported, tmp_path):
+    """A tokenizer's path instead of the tokenizer, or a model instead of a
+    Translator, fail at once with what to pass, not with an AttributeError
+    from inside; and an export into a folder of other files (a run folder)
+    is refused before anything is written, while an earlier SavedModel is
+    replaced."""
+    plain = exported[0]["beam"]
+    with pytest.raises(TypeError, match=r"`src_tokenizer` must be a tokenizer .*got str"):
+        Translator(plain.model, "source.model", plain.tgt_tokenizer)
+    with pytest.raises(TypeError, match=r"takes a keras_transformer.Translator, got Transformer"):
+        export_translator(plain.model, str(tmp_path / "model"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.csv").write_text("epoch,loss\n")
+    with pytest.raises(FileExistsError, match=r"holds files that are not a SavedModel's \(log.csv\)"):
+        export_translator(plain, str(run))
+    assert sorted(os.listdir(run)) == ["log.csv"]
+    path = export_translator(plain, str(tmp_path / "again"))
+    first = os.path.getmtime(os.path.join(path, "saved_model.pb"))
+    os.utime(os.path.join(path, "saved_model.pb"), (first - 100, first - 100))
+    export_translator(plain, path)
+    assert os.path.getmtime(os.path.join(path, "saved_model.pb")) > first - 100
 
 
 def test_parallel_searches_beside_xla_for_small_batches(exported):

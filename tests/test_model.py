@@ -270,6 +270,46 @@ def test_ids_outside_the_vocabulary_stop_compiled_fit_evaluate_and_predict(bad):
     assert np.all(np.isfinite(model.predict(good, verbose=0)))
 
 
+@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("bad", ["too_long", "label_length"])
+def test_a_batch_of_bad_shape_is_a_clear_error_and_the_model_stays_whole(bad, jit_compile):
+    """A batch longer than `sequence_length`, or labels whose length is not
+    the decoder inputs', is refused with the library's message in fit,
+    evaluate and predict, and on every backend the model then trains and
+    predicts as before (on jax, Keras's loop holds the variables in its
+    step's state during a call; a step that fails while it is traced must
+    hand them back)."""
+    if jit_compile and keras.backend.backend() == "torch":
+        pytest.skip("torch's compiled step is torch.compile, not tested here")
+    model = small_model(num_layers=1)
+    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(),
+                  metrics=[MaskedAccuracy()], jit_compile=jit_compile)
+    x = inputs([[5, 6, 7, END]] * 4, [[START, 8, 9, 10]] * 4)
+    y = np.array([[8, 9, 10, END]] * 4, "int32")
+    model.fit(x, y, batch_size=2, verbose=0)
+    before = [to_numpy(w) for w in model.weights]
+    if bad == "too_long":  # sequence_length 12
+        bad_x = inputs([[5, 6] * 7 + [END]] * 4, [[START, 8, 9, 10]] * 4)
+        calls = {"fit": lambda: model.fit(bad_x, y, batch_size=2, verbose=0),
+                 "evaluate": lambda: model.evaluate(bad_x, y, batch_size=2, verbose=0),
+                 "predict": lambda: model.predict(bad_x, batch_size=2, verbose=0)}
+        message = r"longer than its sequence_length=12"
+    else:
+        bad_y = np.array([[8, 9, 10, 11, END]] * 4, "int32")
+        calls = {"fit": lambda: model.fit(x, bad_y, batch_size=2, verbose=0),
+                 "evaluate": lambda: model.evaluate(x, bad_y, batch_size=2, verbose=0)}
+        message = r"Labels and (predictions|`decoder_inputs`) differ in shape"
+    for name, call in calls.items():
+        with pytest.raises(Exception, match=message):
+            call()
+        for a, b in zip(before, model.weights):
+            np.testing.assert_array_equal(a, to_numpy(b))
+    want = model.predict(x, verbose=0)
+    assert np.all(np.isfinite(want))
+    model.fit(x, y, batch_size=2, verbose=0)
+    assert not np.array_equal(to_numpy(model.weights[0]), before[0])
+
+
 @pytest.mark.parametrize("structure", ["labels_in_a_list", "loss_in_a_list", "loss_in_a_dict"])
 def test_label_ids_are_checked_when_the_one_output_comes_in_a_list_or_dict(structure):
     """Keras takes `y=[labels]`, `loss=[loss]` and `loss={"logits": loss}`
@@ -358,6 +398,27 @@ def test_presets_and_bad_arguments():
         build_transformer(10, 10, d_model=10, num_heads=3)
     with pytest.raises(ValueError, match="positive"):
         build_transformer(0, 10)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(sequence_length=1), r"`sequence_length` of at least 2: a piece and the end id; got 1"),
+    (dict(src_vocab_size=3), r"`src_vocab_size` of at least 5: ids 0-3 are padding"),
+    (dict(src_vocab_size=100.5), r"positive whole `src_vocab_size`.*got 100.5"),
+    (dict(num_layers=True), r"positive whole `num_layers`.*got True"),
+    (dict(dropout_rate="0.1"), r"`dropout_rate` must be a number in \[0, 1\); got '0.1'"),
+    (dict(dropout_rate=-0.1), r"`dropout_rate` must be a number in \[0, 1\); got -0.1"),
+    (dict(attention_dropout_rate=float("nan")), r"`attention_dropout_rate` must be a number in \[0, 1\); got nan"),
+])
+def test_build_transformer_refuses_sizes_and_rates_it_cannot_use(settings, message):
+    """These were built without a word (a position table of one row, a
+    vocabulary of special ids only, 100.5 cut to 100, True taken as one
+    layer) or failed deep inside Keras with a message that did not name the
+    argument."""
+    arguments = dict(src_vocab_size=30, tgt_vocab_size=40, num_layers=1, d_model=8, num_heads=2,
+                     dff=16, sequence_length=8)
+    arguments.update(settings)
+    with pytest.raises(ValueError, match=message):
+        build_transformer(**arguments)
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -24,6 +24,7 @@ from keras_transformer.decoding.limits import NEG_LOG_PROB
 from keras_transformer.decoding.limits import suppress_ids
 from keras_transformer.decoding.search_loop import dynamic_decode
 from keras_transformer.decoding.top_k import top_k
+from keras_transformer.validation import check_count
 
 
 def length_penalty_factor(length, alpha):
@@ -158,14 +159,14 @@ class BeamSearch(SearchStrategy):
     drops_settled = True
 
     def __init__(self, beam_size=4, length_penalty=0.6, n_best=1):
-        if int(beam_size) < 2:
+        if check_count(beam_size, "beam_size") < 2:
             raise ValueError(f"BeamSearch needs beam_size >= 2; got {beam_size}. A beam of 1 is "
                              "GreedySearch() (or Translator(beam_size=1)).")
         self._configure(beam_size, length_penalty, n_best)
 
     def _configure(self, beam_size, length_penalty, n_best):
-        self.beam_size = int(beam_size)
-        self.n_best = int(n_best)
+        self.beam_size = check_count(beam_size, "beam_size")
+        self.n_best = check_count(n_best, "n_best")
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
         self.length_penalty = check_length_penalty(length_penalty)
@@ -174,8 +175,7 @@ class BeamSearch(SearchStrategy):
     def any_size(cls, beam_size, length_penalty=0.6, n_best=1):
         """A beam search that also takes `beam_size=1` (greedy decoding
         with beam search's scores), as `beam_search` does."""
-        if int(beam_size) < 1:
-            raise ValueError(f"`beam_size` must be at least 1; got {beam_size}.")
+        check_count(beam_size, "beam_size")
         strategy = cls.__new__(cls)
         strategy._configure(beam_size, length_penalty, n_best)
         return strategy

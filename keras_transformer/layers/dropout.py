@@ -21,6 +21,7 @@ class Dropout(keras.layers.Dropout):
         A tensor of the shape and dtype of `inputs`.
 
     Example:
+    >>> import numpy as np
     >>> layer = Dropout(0.5)
     >>> tuple(layer(np.ones((2, 3), "float32"), training=False).shape)
     (2, 3)

@@ -29,6 +29,7 @@ class FeedForward(keras.layers.Layer):
         ValueError: for a `dff` below 1 or a rate outside [0, 1).
 
     Example:
+    >>> import numpy as np
     >>> layer = FeedForward(dff=32, activation_dropout_rate=0.1)
     >>> tuple(layer(np.zeros((2, 3, 8), "float32")).shape)
     (2, 3, 8)

@@ -20,6 +20,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
         A tensor of the shape of `inputs` in the layer's compute dtype.
 
     Example:
+    >>> import numpy as np
     >>> layer = LayerNormalization(epsilon=1e-6)
     >>> y = layer(np.array([[1.0, 2.0, 3.0]], "float32"))
     >>> [round(float(v), 3) for v in np.asarray(y)[0]]
@@ -53,6 +54,7 @@ def layer_norm(inputs, gamma, beta, epsilon):
         A tensor of the shape and dtype of `inputs`.
 
     Example:
+    >>> import numpy as np
     >>> norm = LayerNormalization(epsilon=1e-6)
     >>> x = np.array([[1.0, 2.0, 4.0]], "float32")
     >>> y = layer_norm(x, np.ones(3, "float32"), np.zeros(3, "float32"), 1e-6)

@@ -9,6 +9,7 @@ from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
+from keras_transformer.validation import check_rate
 
 # Added to blocked scores before the softmax. The softmax always runs in
 # float32 (see `masked_softmax`), so this constant never meets a float16
@@ -253,6 +254,7 @@ class MultiHeadAttention(keras.layers.Layer):
             not fit them.
 
     Example:
+    >>> import numpy as np
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=8)
     >>> x = np.ones((3, 5, 16), "float32")
     >>> tuple(layer(x, x).shape)
@@ -280,10 +282,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "MultiHeadAttention needs positive `num_heads` and `key_dim`; "
                 f"got num_heads={num_heads}, key_dim={key_dim}."
             )
-        if not 0.0 <= float(dropout_rate) < 1.0:
-            raise ValueError(
-                f"`dropout_rate` must be in [0, 1); got {dropout_rate}."
-            )
+        check_rate(dropout_rate, "dropout_rate")
         self.num_heads = int(num_heads)
         self.key_dim = int(key_dim)
         self.value_dim = int(value_dim) if value_dim else self.key_dim

@@ -89,6 +89,62 @@ def _concrete_int(value):
         return None
 
 
+def check_sequence_length(inputs, sequence_length, name, start_index=0):
+    """`inputs`, once their length (axis 1) plus `start_index` is checked
+    not to pass `sequence_length`, the rows of the position table (section
+    3.5).
+
+    Args:
+        inputs: int tensor `(batch, length)`, token ids.
+        sequence_length: python int, the longest sequence the model takes.
+        name: what the inputs are, for the message (e.g. a layer's name).
+        start_index: int or scalar int tensor, the position of the first
+            token.
+
+    Returns:
+        `inputs` (in a TensorFlow graph of unknown length, with the check as
+        a control dependency).
+
+    Raises:
+        ValueError: when the length and start are known here and too long
+            (a start known only at run time, as in cached decoding, is
+            not checked: the search bounds it).
+        tf.errors.InvalidArgumentError: (tensorflow graph, length unknown
+            until run time) the same, at run time.
+    """
+    length, start = inputs.shape[1], _concrete_int(start_index)
+    if length is not None:  # with a start known only at run time, unchecked
+        if start is not None and length + start > sequence_length:
+            raise ValueError(
+                f"{name} got a sequence of length {length}"
+                + (f" starting at position {start}" if start else "")
+                + f", longer than its sequence_length={sequence_length}. Truncate "
+                "the input to sequence_length tokens, or build the model with a "
+                "larger sequence_length."
+            )
+        return inputs
+    if keras.backend.backend() != "tensorflow":
+        return inputs  # jax and torch shapes are known when traced
+    # Unknown length inside a tf.function: check in the graph, with the same
+    # message, rather than fail later in a Slice op.
+    import tensorflow as tf
+
+    check = tf.debugging.assert_less_equal(
+        tf.shape(inputs)[1] + start_index,
+        sequence_length,
+        message=(
+            f"{name} got a sequence longer than its sequence_length={sequence_length}. "
+            "Truncate the input to sequence_length tokens (make_dataset's "
+            "sequence_length must not exceed the model's), or build the model with a "
+            "larger sequence_length."
+        ),
+    )
+    # What reads the inputs must wait for the check: otherwise the two run in
+    # parallel and a later op's own error may come first.
+    with tf.control_dependencies([check]):
+        return tf.identity(inputs)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionalEmbedding(keras.layers.Layer):
     """Token embedding times sqrt(d_model), plus the sinusoidal encoding.
@@ -149,6 +205,7 @@ class PositionalEmbedding(keras.layers.Layer):
             non-positive size.
 
     Example:
+    >>> import numpy as np
     >>> layer = PositionalEmbedding(vocab_size=100, d_model=16, sequence_length=8)
     >>> tuple(layer(np.array([[5, 6, 0]])).shape)
     (1, 3, 16)
@@ -241,39 +298,9 @@ class PositionalEmbedding(keras.layers.Layer):
                 f"{tuple(inputs.shape)}): a sequence needs at least one token. Pack each sentence "
                 "with its end token (`pack_source`; an empty sentence is then just the end id)."
             )
-        start = _concrete_int(start_index)
-        if (
-            length is not None
-            and start is not None
-            and length + start > self.sequence_length
-        ):
-            raise ValueError(
-                f"PositionalEmbedding got a sequence of length {length}"
-                + (f" starting at position {start}" if start else "")
-                + f", longer than its sequence_length={self.sequence_length}. Truncate "
-                "the input to sequence_length tokens, or build the model with a "
-                "larger sequence_length."
-            )
-        elif length is None and keras.backend.backend() == "tensorflow":
-            # Unknown length inside a tf.function: check in the graph, with
-            # the same message, rather than fail later in a Slice op.
-            import tensorflow as tf
-
-            check = tf.debugging.assert_less_equal(
-                tf.shape(inputs)[1] + start_index,
-                self.sequence_length,
-                message=(
-                    f"PositionalEmbedding got a sequence longer than its "
-                    f"sequence_length={self.sequence_length}. Truncate the input to "
-                    "sequence_length tokens (make_dataset's sequence_length must not "
-                    "exceed the model's), or build the model with a larger "
-                    "sequence_length."
-                ),
-            )
-            # The slice below must wait for the check: otherwise the two run
-            # in parallel and the slice's own error may come first.
-            with tf.control_dependencies([check]):
-                inputs = tf.identity(inputs)
+        inputs = check_sequence_length(
+            inputs, self.sequence_length, f"PositionalEmbedding ({self.name})", start_index
+        )
         if check_ids:
             inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
         embedded = self._lookup(inputs)

@@ -174,6 +174,7 @@ class TransformerDecoder(TransformerBlock):
             without `self_attention_cache_update_index`.
 
     Example:
+    >>> import numpy as np
     >>> block = TransformerDecoder(num_heads=2, dff=32)
     >>> y = block(np.ones((2, 7, 16), "float32"), np.ones((2, 5, 16), "float32"))
     >>> tuple(y.shape)

@@ -51,6 +51,7 @@ class TransformerEncoder(TransformerBlock):
         ValueError: if `num_heads` does not divide `d_model`.
 
     Example:
+    >>> import numpy as np
     >>> block = TransformerEncoder(num_heads=2, dff=32)
     >>> tuple(block(np.ones((2, 5, 16), "float32")).shape)
     (2, 5, 16)

@@ -20,6 +20,8 @@ import keras
 
 from keras_transformer.layers.id_range import check_id_range
 from keras_transformer.layers.id_range import check_label_ids
+from keras_transformer.layers.positional_embedding import check_sequence_length
+from keras_transformer.losses import check_label_shape
 
 
 class CheckedXLASteps:
@@ -44,7 +46,11 @@ class CheckedXLASteps:
 
     The model provides `checked_id_inputs()`, `{input name: vocab_size}`
     for its id inputs in input order, and `checked_labels()`, `(vocab_size,
-    pad_id)` for labels that must be ids (`pad_id` excepted), or None.
+    pad_id)` for labels that must be ids (`pad_id` excepted), or None; and
+    may provide `checked_input_lengths()`, `{input name: longest length}`,
+    and `checked_label_input()`, the input whose `(batch, T)` the labels
+    must have. A batch that fails these checks fails before the compiled
+    step, with the library's message rather than one from inside XLA.
 
     Raises:
         tf.errors.InvalidArgumentError: (tensorflow, at run time) for an
@@ -74,6 +80,12 @@ class CheckedXLASteps:
         raise NotImplementedError
 
     def checked_labels(self):
+        return None
+
+    def checked_input_lengths(self):
+        return {}
+
+    def checked_label_input(self):
         return None
 
     # === Internals ===
@@ -108,15 +120,29 @@ class CheckedXLASteps:
         vocabulary (on tensorflow graphs, as control dependencies)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         sizes = self.checked_id_inputs()
+        lengths = self.checked_input_lengths()
+
+        def check(name, ids):
+            if name in lengths:
+                ids = check_sequence_length(ids, lengths[name], f"The model's `{name}`")
+            return check_id_range(ids, sizes[name], f"`{name}`")
+
         if isinstance(x, dict):
-            x = {k: check_id_range(v, sizes[k], f"`{k}`") if k in sizes else v for k, v in x.items()}
+            x = {k: check(k, v) if k in sizes else v for k, v in x.items()}
+            named = x
         elif isinstance(x, (list, tuple)) and len(x) == len(sizes):
-            x = type(x)(check_id_range(v, size, f"`{k}`") for v, (k, size) in zip(x, sizes.items()))
+            x = type(x)(check(k, v) for v, k in zip(x, sizes))
+            named = dict(zip(sizes, x))
+        else:
+            named = {}
         label_check = self.checked_labels() if labels else None
         leaves = keras.tree.flatten(y) if y is not None else []
         # One output: its labels, as an array or as the one leaf of a list or dict.
         if label_check is not None and len(leaves) == 1:
             checked = check_label_ids(leaves[0], *label_check)
+            like = named.get(self.checked_label_input())
+            if like is not None and len(leaves[0].shape) in (2, 3):
+                checked = check_label_shape(checked, like, reference_name=f"`{self.checked_label_input()}`")
             if keras.backend.backend() == "tensorflow":
                 import tensorflow as tf
 
@@ -183,9 +209,22 @@ def _checking_batches(function, model, kind):
         except Exception:
             _restore(model, kind, state)
             raise
-        return function(state, iter(batches))
+        try:
+            return function(state, iter(batches))
+        except Exception:
+            # Failed while traced (a shape no check above covers): `state`
+            # was not donated yet, and is the model's only copy.
+            if not _donated(state):
+                _restore(model, kind, state)
+            raise
 
     return step
+
+
+def _donated(state):
+    """Whether any array of a jax step's `state` was handed to a jitted step
+    (donated buffers are deleted)."""
+    return any(getattr(leaf, "is_deleted", lambda: False)() for leaf in keras.tree.flatten(state))
 
 
 def _restore(model, kind, state):

@@ -58,6 +58,7 @@ def as_transformer(model):
         ValueError: if `model` is neither.
 
     Example:
+    >>> import keras
     >>> model = Transformer(50, 50, num_layers=1, d_model=8, num_heads=2,
     ...                     dff=16, sequence_length=8)
     >>> as_transformer(model) is model

@@ -15,6 +15,8 @@ from keras_transformer.layers.transformer_decoder import cached_step_masks
 from keras_transformer.layers.transformer_encoder import TransformerEncoder
 from keras_transformer.models.checked_steps import CheckedXLASteps
 from keras_transformer.models.presets import get_preset
+from keras_transformer.validation import check_count
+from keras_transformer.validation import check_rate
 
 ENCODER_INPUTS = "encoder_inputs"
 DECODER_INPUTS = "decoder_inputs"
@@ -31,14 +33,24 @@ def check_sizes(**sizes):
             `dff`, `sequence_length`).
 
     Raises:
-        ValueError: for a size that is not positive, or `num_heads` that
-            does not divide `d_model`.
+        ValueError: for a size that is not a positive whole number (a
+            bool, a string or 2.5 included), a vocabulary of 4 ids or fewer
+            (0-3 are padding, unknown, start and end), a `sequence_length`
+            below 2 (a piece and the end id), or `num_heads` that does not
+            divide `d_model`.
     """
+    minimums = {"src_vocab_size": (5, ": ids 0-3 are padding, unknown, start and end"),
+                "tgt_vocab_size": (5, ": ids 0-3 are padding, unknown, start and end"),
+                "sequence_length": (2, ": a piece and the end id")}
     for name, value in sizes.items():
-        if value is None or int(value) <= 0:
+        minimum, why = minimums.get(name, (1, ""))
+        try:
+            check_count(value, name, minimum)
+        except ValueError:
             raise ValueError(
-                f"build_transformer needs a positive `{name}`; got {value!r}."
-            )
+                f"build_transformer needs a positive whole `{name}` of at least {minimum}{why}; "
+                f"got {value!r}."
+            ) from None
     d_model, num_heads = sizes.get("d_model"), sizes.get("num_heads")
     if d_model is not None and num_heads is not None and d_model % num_heads:
         raise ValueError(
@@ -77,6 +89,7 @@ class Transformer(CheckedXLASteps, keras.Model):
     tgt_vocab_size)`.
 
     Example:
+    >>> import numpy as np
     >>> model = Transformer(100, 120, num_layers=1, d_model=16, num_heads=2,
     ...                     dff=32, sequence_length=10)
     >>> outputs, mask = model.call_encoder(np.array([[5, 6, 0]]))
@@ -118,6 +131,9 @@ class Transformer(CheckedXLASteps, keras.Model):
         num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
         if attention_dropout_rate is None:
             attention_dropout_rate = dropout_rate
+        dropout_rate = check_rate(dropout_rate, "dropout_rate")
+        attention_dropout_rate = check_rate(attention_dropout_rate, "attention_dropout_rate")
+        activation_dropout_rate = check_rate(activation_dropout_rate, "activation_dropout_rate")
         check_sizes(
             src_vocab_size=src_vocab_size,
             tgt_vocab_size=tgt_vocab_size,
@@ -282,6 +298,15 @@ class Transformer(CheckedXLASteps, keras.Model):
     def checked_id_inputs(self):
         """`{input name: vocab_size}` of the two id inputs, in input order."""
         return {ENCODER_INPUTS: self.src_vocab_size, DECODER_INPUTS: self.tgt_vocab_size}
+
+    def checked_input_lengths(self):
+        """`{input name: sequence_length}` of the two id inputs."""
+        return {ENCODER_INPUTS: self.encoder_embedding.sequence_length,
+                DECODER_INPUTS: self.decoder_embedding.sequence_length}
+
+    def checked_label_input(self):
+        """The labels are the decoder inputs shifted by one: the same `(batch, T)`."""
+        return DECODER_INPUTS
 
     def checked_labels(self):
         """`(tgt_vocab_size, pad_id)` when the compiled loss (alone, or the one
@@ -537,6 +562,7 @@ def build_transformer(
             vocabulary sizes.
 
     Example:
+    >>> import numpy as np
     >>> model = build_transformer(100, 120, num_layers=1, d_model=16,
     ...                           num_heads=2, dff=32, sequence_length=10)
     >>> tuple(model({"encoder_inputs": np.array([[5, 6, 0]]),
