@@ -541,6 +541,8 @@ def warn_if_truncated(translator, lines):
     """A `UserWarning` when the translator's source limit cut any of
     `lines` (list of `str`), as the command line says on stderr."""
     limit = translator.source_sequence_length
+    if not limit or not lines:  # nothing to count (and no tokenizer to rebuild)
+        return
     count = count_truncated(translator.src_tokenizer, limit, tf.constant(lines, tf.string))
     if count:
         warnings.warn(truncation_message(count, len(lines), limit), stacklevel=3)
