@@ -39,6 +39,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -106,6 +107,7 @@ def config_for(args):
         early_stopping_patience=10, time_budget=args.time_budget,
         keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
         bidirectional_epochs=args.bidirectional_epochs, cooldown_epochs=args.cooldown_epochs, seed=args.seed,
+        extra_train=args.extra_train,
     )
 
 
@@ -122,6 +124,15 @@ def bidirectional_note(tc):
         return ""
     return (f" bidirectional training (BiT, Ding et al., 2021): epochs 1-{tc['bidirectional_epochs']} on the "
             "pairs in both directions, the rest source to target,")
+
+
+def extra_note(tc):
+    """The card's words for extra (synthetic) training pairs, when the run had them."""
+    pairs = tc.get("extra_train") or []
+    if not pairs:
+        return ""
+    return (f" the Multi30k pairs together with {len(pairs)} file pair(s) of synthetic pairs of the same "
+            "sentences (`--extra-train`; how they were made: docs/models.md, \"Synthetic training pairs\"),")
 
 
 def cooldown_note(tc):
@@ -163,6 +174,8 @@ def recipe_flags(tc, mc):
             flags += f" {flag} {mc[key]}"
     if mc.get("num_decoder_layers") is not None:
         flags += f" --num-decoder-layers {mc['num_decoder_layers']}"
+    for extra_src, extra_tgt in tc.get("extra_train") or []:
+        flags += f" --extra-train {shlex.quote(extra_src)} {shlex.quote(extra_tgt)}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -366,7 +379,7 @@ set was translated once, by the chosen SavedModel.
   {'one SentencePiece model for both sides' if tc.get('shared_vocab') else 'separate SentencePiece models'};
   tied embeddings: {mc.get('tie_embeddings', 'none')}; cased, no lowercasing.
 - Training: `kt.Adam` (0.9, 0.98, 1e-9), `WarmupSchedule(d_model={mc['d_model']}, warmup_steps={tc['warmup_steps']},
-  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)}{bidirectional_note(tc)}{cooldown_note(tc)} length-bucketed batches of about
+  scale={tc['lr_scale']})`, label smoothing {tc['label_smoothing']},{subword_note(tc)}{extra_note(tc)}{bidirectional_note(tc)}{cooldown_note(tc)} length-bucketed batches of about
   {tc['tokens_per_batch']} tokens per side, dtype policy `{mc.get('dtype', 'float32')}`, seed {tc['seed']}; early stopping patience
   {tc.get('early_stopping_patience')}; the last {tc.get('average_last')} epoch checkpoints averaged.
 - Trained {m['epochs_trained']} epochs ({m['steps']} steps); best validation loss at
@@ -439,6 +452,9 @@ def build_parser():
                         help="decoder layers (default: --num-layers)")
     parser.add_argument("--dff", type=int, default=512,
                         help="feed-forward width (the recipe: 512)")
+    parser.add_argument("--extra-train", nargs=2, action="append", metavar=("SRC", "TGT"),
+                        help="more aligned training files trained on beside the pair's (repeatable): "
+                             "a model's translations of the training sources, or back-translations")
     parser.add_argument("--search", type=search_setting, action="append", metavar="BEAM:LP",
                         help="a beam size and length penalty to try on val (repeat it for a grid); ship: "
                              "instead of its default three; refresh: beside the shipped model's own, keeping "

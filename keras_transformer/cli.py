@@ -59,6 +59,11 @@ def _add_training_args(parser):
                              "records, e.g. that file itself); flags given here override it")
     parser.add_argument("--train-src", help="training source file (plain or .gz); required, here or in --config")
     parser.add_argument("--train-tgt", help="aligned training target file; required, here or in --config")
+    parser.add_argument("--extra-train", nargs=2, action="append", metavar=("SRC", "TGT"),
+                        help="more aligned training files, trained on with --train-src/--train-tgt in "
+                             "every epoch: e.g. a model's translations of the training sources (knowledge "
+                             "distillation) or back-translations of the targets; repeatable; the "
+                             "tokenizers are trained on --train-src/--train-tgt alone")
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
     parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")

@@ -15,6 +15,16 @@ class TrainingConfig:
 
     Attributes:
         train_src, train_tgt: aligned training files (plain or `.gz`).
+        extra_train: more aligned training pairs, a list of `[src, tgt]`
+            file pairs read after `train_src` / `train_tgt` and trained on
+            in every epoch with them (BiT's reversed pairs included): a
+            model's translations of the training sources (sequence-level
+            knowledge distillation, Kim & Rush, 2016), back-translations of
+            the targets (Sennrich et al., 2016), or both (data
+            diversification, Nguyen et al., 2020). The tokenizers are
+            trained on `train_src` / `train_tgt` alone, and
+            `max_train_pairs` cuts those alone. None (default): none.
+            Another form than a list of path pairs raises `ValueError`.
         val_src, val_tgt: aligned validation files, or None.
         output_dir: run folder (created; reused to resume).
         preset: model size from `keras_transformer.models.PRESETS`.
@@ -109,6 +119,7 @@ class TrainingConfig:
 
     train_src: str
     train_tgt: str
+    extra_train: list = None
     val_src: str = None
     val_tgt: str = None
     output_dir: str = "runs/model"
@@ -158,6 +169,8 @@ class TrainingConfig:
         self.sequence_length = renamed_argument(
             "TrainingConfig", "sequence_length", self.sequence_length, "max_length", self.max_length, 64)
         self.max_length = None
+        if self.extra_train is not None:  # lists, as config.json records them
+            self.extra_train = [list(pair) for pair in check_extra_train(self.extra_train)]
 
     @classmethod
     def from_file(cls, path, **overrides):
@@ -243,6 +256,8 @@ def check_config_values(values, where):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif kind is str:
             ok = isinstance(value, str)
+        elif kind is list:
+            ok = isinstance(value, (list, tuple))
         else:
             ok = True
         if not ok:
@@ -306,6 +321,28 @@ def check_saved_model_folder(path):
         f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
         "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."
     )
+
+
+def check_extra_train(extra_train):
+    """`extra_train` (see `TrainingConfig`) as a list of `(src, tgt)` path
+    tuples; None gives `[]`. TensorFlow-free.
+
+    Raises:
+        ValueError: if it is not a list of pairs of paths, saying the form.
+    """
+    if extra_train is None:
+        return []
+    form = ("`extra_train` must be a list of [source file, target file] pairs, e.g. "
+            "[['train.hyp.de', 'train.en']]; on the command line --extra-train SRC TGT (repeatable)")
+    if isinstance(extra_train, (str, bytes)) or not isinstance(extra_train, (list, tuple)):
+        raise ValueError(f"{form}; got {extra_train!r}.")
+    pairs = []
+    for pair in extra_train:
+        if (isinstance(pair, (str, bytes)) or not isinstance(pair, (list, tuple)) or len(pair) != 2
+                or not all(isinstance(path, (str, os.PathLike)) for path in pair)):
+            raise ValueError(f"{form}; got the entry {pair!r}.")
+        pairs.append((os.fspath(pair[0]), os.fspath(pair[1])))
+    return pairs
 
 
 def check_files(*paths):

@@ -40,6 +40,7 @@ from keras_transformer.checkpoints import select_checkpoints
 from keras_transformer.config import TrainingConfig  # noqa: F401 (public here too)
 from keras_transformer.config import check_config_values  # noqa: F401
 from keras_transformer.config import read_config_file  # noqa: F401
+from keras_transformer.config import check_extra_train
 from keras_transformer.config import check_run_folder
 from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
@@ -334,8 +335,9 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
 
 
 def _read_and_tokenize(out, config):
-    """The training lines (aligned, not all blank) and the run's tokenizers
-    (trained, or loaded when the folder has them)."""
+    """The training lines (aligned, not all blank; `extra_train`'s pairs
+    after them) and the run's tokenizers (trained on `train_src` /
+    `train_tgt`, or loaded when the folder has them)."""
     src_lines = read_lines(config.train_src)
     tgt_lines = read_lines(config.train_tgt)
     if len(src_lines) != len(tgt_lines):
@@ -352,6 +354,14 @@ def _read_and_tokenize(out, config):
             "files are empty or every pair has a blank side."
         )
     src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
+    for extra_src, extra_tgt in check_extra_train(config.extra_train):
+        extra_src_lines, extra_tgt_lines = read_lines(extra_src), read_lines(extra_tgt)
+        if len(extra_src_lines) != len(extra_tgt_lines):
+            raise ValueError(
+                f"extra_train: {extra_src} has {len(extra_src_lines)} lines but {extra_tgt} "
+                f"has {len(extra_tgt_lines)}; the files must be aligned line by line."
+            )
+        src_lines, tgt_lines = src_lines + extra_src_lines, tgt_lines + extra_tgt_lines
     return src_lines, tgt_lines, src_tok, tgt_tok
 
 
@@ -445,7 +455,9 @@ def train(config, verbose=1):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
     _check_settings(config, model_config)
-    check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None)
+    extra_train = check_extra_train(config.extra_train)
+    check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None,
+                *(path for pair in extra_train for path in pair))
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output-dir {out} is a file; pass a new or empty folder for the run.")
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "config.json")):
@@ -475,6 +487,8 @@ def train(config, verbose=1):
               + f"; vocabularies: source {src_tok.vocab_size} pieces (asked {config.src_vocab_size}), "
               f"target {tgt_tok.vocab_size} (asked {config.tgt_vocab_size})"
               + (", one shared vocabulary" if config.shared_vocab else ""))
+        for extra_src, extra_tgt in extra_train:
+            print(f"Extra training pairs: {extra_src} / {extra_tgt}")
         if changed:
             print(f"Settings changed since the run's config.json: {'; '.join(changed)}")
         if config.subword_alpha is not None:

@@ -1189,6 +1189,94 @@ def test_bidirectional_epochs_train_both_directions_first_and_resume_in_either_s
     assert records[-1]["epoch"] == 5 and records[-1]["steps"] == one_way
 
 
+def test_extra_train_pairs_join_every_epoch_but_not_the_tokenizer(tmp_path, capsys, monkeypatch):
+    """--extra-train SRC TGT (repeatable): its pairs follow the training
+    pairs in every epoch's data, BiT's reversed pairs included; the shared
+    tokenizer is trained on --train-src/--train-tgt alone, and
+    --max-train-pairs cuts those alone. config.json records the pairs, and
+    `--config` of that file repeats them."""
+    import keras_transformer.training as training
+    from keras_transformer.data.pipeline import make_dataset
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=8)
+    en = (data / "train.en").read_text().splitlines()
+    de = (data / "train.de").read_text().splitlines()
+    # Two extra file pairs: "distilled" targets and "back-translated" sources.
+    (data / "kd.en").write_text("\n".join(en[:20]) + "\n")
+    (data / "kd.de").write_text("\n".join(line.upper() for line in de[:20]) + "\n")
+    (data / "bt.en").write_text("\n".join(line[::-1] for line in en[20:30]) + "\n")
+    (data / "bt.de").write_text("\n".join(de[20:30]) + "\n")
+    run = tmp_path / "run"
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+            "--extra-train", str(data / "kd.en"), str(data / "kd.de"),
+            "--extra-train", str(data / "bt.en"), str(data / "bt.de"),
+            "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+            "--sequence-length", "24", "--src-vocab-size", "120", "--tgt-vocab-size", "120",
+            "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10",
+            "--bidirectional-epochs", "1", "--max-train-pairs", "50", "--epochs", "2"]
+    calls, tokenizer_data = [], []
+
+    def recording(src, tgt, *rest, **kwargs):
+        calls.append((src, tgt))
+        return make_dataset(src, tgt, *rest, **kwargs)
+
+    def recording_trainer(lines, *rest, **kwargs):
+        tokenizer_data.append(list(lines))
+        return train_subword_tokenizer(lines, *rest, **kwargs)
+
+    train_subword_tokenizer = training.train_subword_tokenizer
+    monkeypatch.setattr(training, "make_dataset", recording)
+    monkeypatch.setattr(training, "train_subword_tokenizer", recording_trainer)
+    main(args)
+    out = capsys.readouterr().out
+    assert f"Extra training pairs: {data / 'kd.en'} / {data / 'kd.de'}" in out
+    assert "Read 80 training pairs" in out  # 50 + 20 + 10
+    src = en[:50] + en[:20] + [line[::-1] for line in en[20:30]]
+    tgt = de[:50] + [line.upper() for line in de[:20]] + de[20:30]
+    assert tokenizer_data == [en[:50] + de[:50]]
+    assert (src, tgt) in calls and (src + tgt, tgt + src) in calls
+    saved = json.loads((run / "config.json").read_text())["training"]["extra_train"]
+    assert saved == [[str(data / "kd.en"), str(data / "kd.de")], [str(data / "bt.en"), str(data / "bt.de")]]
+    # The run's own config.json repeats it, extra pairs included.
+    calls.clear()
+    main(["train", "--config", str(run / "config.json"), "--epochs", "3"])
+    assert (src, tgt) in calls
+    records = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["kd.en", "short.de"], "kd.en has 20 lines but .*short.de has 3"),
+    (["kd.en", "missing.de"], "missing.de is not a file"),
+])
+def test_extra_train_files_misaligned_or_missing_are_refused_before_training(tmp_path, capsys, extra, message):
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=40, n_val=10, seed=8)
+    (data / "kd.en").write_text("a dog runs .\n" * 20)
+    (data / "short.de").write_text("ein Hund rennt .\n" * 3)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+              "--extra-train", *(str(data / name) for name in extra),
+              "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+              "--src-vocab-size", "100", "--tgt-vocab-size", "100", "--epochs", "1"])
+    assert info.value.code == 1
+    assert re.search(message, capsys.readouterr().err)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("value", ["a.en", [["a.en"]], [["a.en", "b.de", "c.de"]], [[1, 2]], ["ab"]])
+def test_extra_train_that_is_not_a_list_of_path_pairs_is_refused(value):
+    from keras_transformer.config import check_extra_train
+
+    with pytest.raises(ValueError, match=r"list of \[source file, target file\] pairs.*--extra-train SRC TGT"):
+        check_extra_train(value)
+    assert check_extra_train(None) == []
+    assert check_extra_train((("a.en", "a.de"),)) == [("a.en", "a.de")]
+
+
 @pytest.mark.parametrize("bidirectional", [0, 1])
 def test_cooldown_epochs_end_the_learning_rate_at_zero_on_the_last_step(tmp_path, capsys, bidirectional):
     """--cooldown-epochs 2 of 3: the schedule's cooldown spans the steps of
