@@ -333,7 +333,7 @@ def check_extra_train(extra_train):
     if extra_train is None:
         return []
     form = ("`extra_train` must be a list of [source file, target file] pairs, e.g. "
-            "[['train.hyp.de', 'train.en']]; on the command line --extra-train SRC TGT (repeatable)")
+            "[['train.en', 'train.hyp.de']]; on the command line --extra-train SRC TGT (repeatable)")
     if isinstance(extra_train, (str, bytes)) or not isinstance(extra_train, (list, tuple)):
         raise ValueError(f"{form}; got {extra_train!r}.")
     pairs = []
