@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shlex
 import shutil
 import sys
@@ -47,6 +46,7 @@ import time
 from keras_transformer.callbacks import TrainingStopped
 from keras_transformer.cli import _load_saved_model, evaluate_files
 from keras_transformer.data.text_files import read_parallel
+from keras_transformer.devices import host_description
 from keras_transformer.evaluation import corpus_scores
 from keras_transformer.export import export_translator
 from keras_transformer.training import TrainingConfig, load_run, train
@@ -132,7 +132,8 @@ def extra_note(tc):
     if not pairs:
         return ""
     return (f" the Multi30k pairs together with {len(pairs)} file pair(s) of synthetic pairs of the same "
-            "sentences (`--extra-train`; how they were made: docs/models.md, \"Synthetic training pairs\"),")
+            "sentences (`--extra-train`; how they were made: docs/models.md, \"Synthetic training pairs\"; "
+            "the time of the models that made them is not in the wall time below),")
 
 
 def cooldown_note(tc):
@@ -181,15 +182,16 @@ def recipe_flags(tc, mc):
     return flags
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+def training_hardware(epochs):
+    """Where the run trained, from its epoch records (every machine a
+    resumed run went on, in order); records written before epochs held it
+    give this machine's, said to be the shipping machine."""
+    machines = list(dict.fromkeys(e["hardware"] for e in epochs if e.get("hardware")))
+    if not machines:
+        return f"{host_description()} (the machine that shipped it; the training machine was not recorded)"
+    if any(not e.get("hardware") for e in epochs):
+        machines.append("a machine not recorded for the earlier epochs")
+    return "; ".join(machines)
 
 
 def choose_on_val(args):
@@ -219,7 +221,7 @@ def ship(args):
         "epochs_trained": len(epochs), "best_epoch": best_epoch["epoch"],
         "steps": sum(e.get("steps", args.steps_per_epoch) for e in epochs),
         "train_seconds": round(sum(e["seconds"] for e in epochs)),
-        "hardware": f"{cpu_name()}, {os.cpu_count()} cores, no GPU",
+        "hardware": training_hardware(epochs),
         "model": config["model"], "training": config["training"],
         "pair": args.pair, "checkpoint": which,
         "search": {"beam_size": beam_size, "length_penalty": length_penalty},

@@ -63,3 +63,34 @@ def in_xla_context():
     if tf.executing_eagerly():
         return False
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def host_description(cpuinfo="/proc/cpuinfo"):
+    """The machine in words, as run logs and model cards record where a
+    model trained: the CPU's model name (from `cpuinfo` on Linux, else
+    `platform.processor()`), its logical cores, and whether TensorFlow sees
+    an accelerator (only asked where TensorFlow is already imported, so
+    that this never imports it).
+
+    Args:
+        cpuinfo: path of the Linux CPU description to read.
+
+    Returns:
+        str, such as `"AMD EPYC, 2 cores, no GPU"`.
+
+    >>> host_description(cpuinfo="/no/such/file").count(" cores, ")
+    1
+    """
+    import os
+    import platform
+    import sys
+
+    name = ""
+    try:
+        with open(cpuinfo) as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    name = name or platform.processor() or "unknown CPU"
+    accelerator = "tensorflow" in sys.modules and has_accelerator()
+    return f"{name}, {os.cpu_count()} cores, {'an accelerator' if accelerator else 'no GPU'}"

@@ -47,6 +47,7 @@ from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.devices import has_accelerator
+from keras_transformer.devices import host_description
 from keras_transformer.distribution import data_parallel_scope
 from keras_transformer.distribution import initialize as initialize_distribution
 from keras_transformer.distribution import num_replicas
@@ -145,7 +146,7 @@ def load_run(output_dir, which="best"):
 
 
 class _Timer(keras.callbacks.Callback):
-    """Appends each epoch's wall seconds, steps, precision and logs to
+    """Appends each epoch's wall seconds, steps, precision, machine and logs to
     `epochs.jsonl`. An epoch cut short after a save inside it
     (`checkpoint_every`, a stop on SIGTERM) is run again from its first batch
     on resuming, from the saved weights; `carry` writes the seconds and steps
@@ -181,7 +182,8 @@ class _Timer(keras.callbacks.Callback):
         record = {"epoch": epoch + 1, "seconds": round(self.carried[0] + time.time() - self.start, 1),
                   "steps": self.carried[1] + self.steps,
                   # A resumed run may change precision; config.json keeps the latest.
-                  "precision": self.model.logits_layer.dtype_policy.name}
+                  "precision": self.model.logits_layer.dtype_policy.name,
+                  "hardware": host_description()}
         record.update({k: float(v) for k, v in (logs or {}).items() if math.isfinite(float(v))})
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")

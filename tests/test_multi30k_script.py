@@ -125,3 +125,12 @@ def test_refresh_card_records_the_search_chosen_again(script, tmp_path):
     assert "beam 5, length penalty 1.0)" in again and again.count("Exported again") == 1
     assert again.split("## Chosen on val only")[0].count("## ") == 1
     assert again.split("## Configuration")[1] == CARD.split("## Configuration")[1]  # one search: no refresh line
+
+
+def test_card_hardware_is_where_the_epochs_trained(script, monkeypatch):
+    monkeypatch.setattr(script, "host_description", lambda: "Shipper CPU, 2 cores, no GPU")
+    a, b = "Xeon X, 2 cores, no GPU", "EPYC Y, 2 cores, no GPU"
+    assert script.training_hardware([{"hardware": a}, {"hardware": a}, {"hardware": b}]) == f"{a}; {b}"
+    assert script.training_hardware([{}, {"hardware": b}]) == f"{b}; a machine not recorded for the earlier epochs"
+    unrecorded = script.training_hardware([{"epoch": 1}])
+    assert unrecorded.startswith("Shipper CPU, 2 cores, no GPU (the machine that shipped it;")

@@ -181,4 +181,8 @@ def test_train_records_and_uses_the_precision(tmp_path):
     assert compute_dtype(model) == "float32"
     epochs = [json.loads(line) for line in (run / "epochs.jsonl").read_text().splitlines()]
     assert [e["precision"] for e in epochs] == ["mixed_bfloat16", "float32"]
+    # Each epoch records the machine it ran on (model cards report it).
+    from keras_transformer.devices import host_description
+
+    assert [e["hardware"] for e in epochs] == [host_description()] * 2
     assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
