@@ -47,6 +47,7 @@ _TENSORFLOW = {
     "SubwordTokenizer": "keras_transformer.tokenizers",
     "train_subword_tokenizer": "keras_transformer.tokenizers",
     "load_translator": "keras_transformer.loading",
+    "load_ensemble": "keras_transformer.loading",
     "SavedModelTranslator": "keras_transformer.loading",
     "load_run": "keras_transformer.training",
     "make_dataset": "keras_transformer.data",

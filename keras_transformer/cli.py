@@ -215,7 +215,7 @@ def _load_saved_model(path):
 
 
 def _translator_object(args):
-    """The SavedModel or run translator the args name."""
+    """The SavedModel, run or ensemble translator the args name."""
     if getattr(args, "saved_model", None):
         from keras_transformer.config import check_saved_model_folder
 
@@ -300,18 +300,38 @@ def _translator(args, set_threads=False):
             "nothing); drop one of them."
         )
     _check_search_flags(args)
-    check_run_folder(args.run)  # before TensorFlow starts
+    ensemble = getattr(args, "ensemble", None)
+    if ensemble:
+        _check_ensemble_folders(ensemble)  # before TensorFlow starts
+    else:
+        check_run_folder(args.run)
     _import_backend_quietly()
     if set_threads:
         from keras_transformer.loading import set_search_threads
 
         set_search_threads(settings["parallel_searches"])
+    if ensemble:
+        from keras_transformer.loading import load_ensemble
+
+        return load_ensemble(ensemble, **settings)
     from keras_transformer.training import load_run
     from keras_transformer.translator import Translator
 
     model, src, tgt, _ = load_run(args.run, which=settings.pop("checkpoint"))
     # A model loaded for this command alone: its weights do not change.
     return Translator(model, src, tgt, transposed_output_table=True, **settings)
+
+
+def _check_ensemble_folders(paths):
+    """Refuse a one-model `--ensemble` and folders that are neither a run
+    nor a SavedModel, before TensorFlow starts."""
+    if len(paths) < 2:
+        raise ValueError(f"--ensemble {paths[0]} names one model; an ensemble needs two or more "
+                         "(--ensemble A --ensemble B). For one model use --run or --saved-model.")
+    for path in paths:
+        if not any(os.path.exists(os.path.join(path, name)) for name in ("config.json", "saved_model.pb")):
+            raise FileNotFoundError(f"--ensemble {path}: not a training run folder (config.json) or a "
+                                    "SavedModel folder (saved_model.pb).")
 
 
 class _OneValueUnderTwoNames(argparse.Action):
@@ -766,6 +786,8 @@ def main(argv=None):
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--run", help="run folder written by train")
     model.add_argument("--saved-model", help="exported SavedModel folder")
+    model.add_argument("--ensemble", action="append", metavar="MODEL",
+                       help="a run or SavedModel folder, repeated (two or more): decode the models as an ensemble (the mean of their distributions a step; the same tokenizers), in this process, with the search flags below")
     p.add_argument("--src", required=True, help="source file to translate (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
     p.add_argument("--limit", type=_positive_int, help="first N sentences only")
@@ -780,6 +802,8 @@ def main(argv=None):
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="run folder written by train")
     source.add_argument("--saved-model", help="exported SavedModel folder")
+    source.add_argument("--ensemble", action="append", metavar="MODEL",
+                       help="a run or SavedModel folder, repeated (two or more): decode the models as an ensemble (the mean of their distributions a step; the same tokenizers), in this process, with the search flags below")
     p.add_argument("--plot-attention", metavar="FILE.png",
                    help="draw the cross-attention of the first sentence, one panel per head")
     p.add_argument("--n-best", type=_positive_int, default=1,

@@ -180,7 +180,8 @@ def export_translator(translator, path, weights_dtype="float32"):
 
     Raises:
         TypeError: if `translator` is not a `Translator`.
-        ValueError: for another `weights_dtype`, or int8 weights with XLA.
+        ValueError: for another `weights_dtype`, int8 weights with XLA, or
+            an ensemble translator (several models).
         FileExistsError: if `path` holds files other than a SavedModel's
             (a run folder, say), which the export would mix with its own.
     """
@@ -191,6 +192,12 @@ def export_translator(translator, path, weights_dtype="float32"):
             "export_translator takes a keras_transformer.Translator, got "
             f"{type(translator).__name__}: wrap the model first, "
             "`Translator(model, src_tokenizer, tgt_tokenizer, beam_size=4)`."
+        )
+    if len(translator.models) > 1:
+        raise ValueError(
+            f"The translator is an ensemble of {len(translator.models)} models, which export does not "
+            "write; export one model (`Translator(model, ...)`), or use the ensemble in process "
+            "(`keras-transformer translate --ensemble ...`)."
         )
     if os.path.isdir(path):
         others = sorted(set(os.listdir(path)) - SAVED_MODEL_ENTRIES)

@@ -340,9 +340,18 @@ def translator_from_saved_model(path, **decoding):
     Returns:
         `keras_transformer.Translator`.
     """
+    from keras_transformer.translator import Translator
+
+    model, src, tgt = _model_of_saved_model(path)
+    decoding.setdefault("transposed_output_table", True)
+    return Translator(model, src, tgt, **decoding)
+
+
+def _model_of_saved_model(path):
+    """`(model, src_tokenizer, tgt_tokenizer)` rebuilt from the SavedModel
+    at `path` (`read_saved_model`)."""
     from keras_transformer.models.transformer import build_transformer
     from keras_transformer.tokenizers import SubwordTokenizer
-    from keras_transformer.translator import Translator
 
     contents = read_saved_model(path)
     src = SubwordTokenizer(contents.src_proto, lowercase=contents.lowercase)
@@ -353,5 +362,58 @@ def translator_from_saved_model(path, **decoding):
     )
     for variable in model.weights:
         variable.assign(contents.weights[variable.path])
+    return model, src, tgt
+
+
+def load_ensemble(paths, checkpoint="best", **decoding):
+    """One `Translator` over several models that share their tokenizers,
+    decoded as an ensemble (`decoding.ensemble.EnsembleParts`: the log of
+    the members' mean distribution a step).
+
+    Args:
+        paths: list of two or more SavedModel folders or run folders
+            (mixed as you like), each model rebuilt in this process.
+        checkpoint: for each run folder, `"best"`, `"last"` or `"averaged"`.
+        **decoding: `Translator` settings (`beam_size`, `length_penalty`,
+            ...); a SavedModel's exported search is not used.
+
+    Returns:
+        `keras_transformer.Translator` of the ensemble (not exportable).
+
+    Raises:
+        FileNotFoundError: if a path is neither a SavedModel nor a run.
+        ValueError: for fewer than two paths, or a member whose source or
+            target pieces (or lowercasing) differ from the first's.
+    """
+    from keras_transformer.translator import Translator
+
+    paths = list(paths)
+    if len(paths) < 2:
+        raise ValueError(f"An ensemble needs two or more models; got {len(paths)} ({paths}). "
+                         "Translate with one model through --run or --saved-model.")
+    if checkpoint not in ("best", "last", "averaged"):
+        raise ValueError(f"`checkpoint` must be 'best', 'last' or 'averaged'; got {checkpoint!r}.")
+    members = []
+    for path in paths:
+        if os.path.exists(os.path.join(path, "saved_model.pb")):
+            members.append(_model_of_saved_model(path))
+        elif os.path.exists(os.path.join(path, "config.json")):
+            from keras_transformer.training import load_run
+
+            members.append(load_run(path, which=checkpoint)[:3])
+        else:
+            raise FileNotFoundError(
+                f"{path} is neither a SavedModel folder (saved_model.pb) nor a training run "
+                "(config.json): each ensemble member is one of them."
+            )
+    _, src, tgt = members[0]
+    for path, (_, other_src, other_tgt) in zip(paths[1:], members[1:]):
+        for side, mine, theirs in (("source", src, other_src), ("target", tgt, other_tgt)):
+            if mine.vocabulary() != theirs.vocabulary() or mine.lowercase != theirs.lowercase:
+                raise ValueError(
+                    f"{path} has another {side} tokenizer than {paths[0]}: the models of an ensemble "
+                    "read and write the same pieces. Ensemble models trained with the same "
+                    "vocabulary (the same corpus and vocabulary settings)."
+                )
     decoding.setdefault("transposed_output_table", True)
-    return Translator(model, src, tgt, **decoding)
+    return Translator([model for model, _, _ in members], src, tgt, **decoding)

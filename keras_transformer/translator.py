@@ -12,6 +12,7 @@ from keras_transformer.data.packing import pack_source
 from keras_transformer.decoding.beam_search import check_length_penalty
 from keras_transformer.decoding import growing_cache
 from keras_transformer.decoding import strategies
+from keras_transformer.decoding.ensemble import EnsembleParts
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.decoding.model_parts import transposed_output_table as transposed_output_table_of
 from keras_transformer.precision import compute_dtype
@@ -40,9 +41,13 @@ class Translator(tf.Module):
     on jax and torch, `greedy_search` and `beam_search` decode token ids.
 
     Args:
-        model: a `build_transformer` model. One with a mixed-precision
-            dtype policy (`"mixed_bfloat16"`, `"mixed_float16"`) is decoded
-            through a float32 copy (`self.model`), the same weights.
+        model: a `build_transformer` model, or a list of two or more
+            that share the tokenizers: an ensemble, decoded with the log of
+            their mean distribution a step
+            (`decoding.ensemble.EnsembleParts`; not exportable). One with a
+            mixed-precision dtype policy (`"mixed_bfloat16"`,
+            `"mixed_float16"`) is decoded through a float32 copy
+            (`self.model`; `self.models` for all), the same weights.
         src_tokenizer: `SubwordTokenizer` of the source language.
         tgt_tokenizer: `SubwordTokenizer` of the target language.
         beam_size: int, 1 for greedy decoding (default 4).
@@ -185,18 +190,29 @@ class Translator(tf.Module):
         # Decoding runs in float32: a model trained under a mixed-precision
         # policy is copied with float32 compute (its variables are float32
         # already, so the weights are the same numbers).
-        model = as_transformer(model)  # one saved by an earlier version
-        if compute_dtype(model) != "float32":
-            model = with_dtype_policy(model, "float32")
-        self.model = model
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        if not models:
+            raise ValueError("`model` is an empty list: pass a model, or two or more for an ensemble.")
+        models = [as_transformer(m) for m in models]  # one saved by an earlier version
+        models = [m if compute_dtype(m) == "float32" else with_dtype_policy(m, "float32") for m in models]
+        self.model = models[0]
+        self.models = models
         self.src_tokenizer = src_tokenizer
         self.tgt_tokenizer = tgt_tokenizer
-        self._output_kernel = transposed_output_table_of(model) if transposed_output_table else None
-        # Growing self-attention caches where the graph allows them (no XLA).
-        self._parts = TransformerParts(
-            model, pad_id=src_tokenizer.pad_id, growing_cache=growing_cache.available(jit_compile),
-            output_kernel=self._output_kernel,
-        )
+        kernels = [transposed_output_table_of(m) if transposed_output_table else None for m in models]
+        self._output_kernel = kernels[0]
+        self._output_kernels = kernels
+
+        def parts_for(jit):
+            # Growing self-attention caches where the graph allows them (no XLA).
+            members = [
+                TransformerParts(m, pad_id=src_tokenizer.pad_id, growing_cache=growing_cache.available(jit),
+                                 output_kernel=kernel)
+                for m, kernel in zip(models, kernels)
+            ]
+            return members[0] if len(members) == 1 else EnsembleParts(members)
+
+        self._parts = parts_for(jit_compile)
         for side, tokenizer, layer in (
             ("source", src_tokenizer, self._parts.encoder_embedding),
             ("target", tgt_tokenizer, self._parts.decoder_embedding),
@@ -230,10 +246,7 @@ class Translator(tf.Module):
         self._graph_search = None
         if xla_max_batch_size is not None:
             # Large batches: the plain graph, with the growing caches XLA cannot take.
-            graph_parts = TransformerParts(
-                model, pad_id=src_tokenizer.pad_id, growing_cache=growing_cache.available(False),
-                output_kernel=self._output_kernel,
-            )
+            graph_parts = parts_for(False)
             self._graph_search = tf.function(
                 lambda source_ids, n_best: self._search_ids(graph_parts, source_ids, n_best)
             )
