@@ -311,7 +311,7 @@ def export_and_describe(args, translator, facts, describe=None):
     out = args.output.rstrip("/\\") + ".staging"
     if os.path.exists(out):
         shutil.rmtree(out)
-    export_translator(translator, out, weights_dtype="float16")
+    export_translator(translator, out, weights_dtype="float16", languages=tuple(args.pair.split("-")))
     serve = _load_saved_model(out)
     hypotheses_path = os.path.join(out, "test_2016_flickr.hyp")
     with contextlib.redirect_stdout(sys.stderr):  # progress bars; stdout is the scores

@@ -166,29 +166,31 @@ _RUN_DECODING = {"search": None, "beam_size": 4, "length_penalty": 0.6, "checkpo
                  "xla_max_batch_size": None, "parallel_searches": 1}
 
 
-def _decoding_args(parser, batches=True):
-    # A SavedModel keeps the search it was exported with: these are for --run.
+def _decoding_args(parser, batches=True, ensemble=True):
+    # A SavedModel keeps the search it was exported with: these are for --run
+    # (and --ensemble, where the command has it).
+    only = "--run and --ensemble only" if ensemble else "--run only"
     parser.add_argument("--search", choices=["greedy", "beam"],
-                        help="decoding strategy (default: beam; greedy is --beam-size 1); --run only")
+                        help="decoding strategy (default: beam; greedy is --beam-size 1); " + only)
     parser.add_argument("--beam-size", type=_positive_int,
-                        help="1 for greedy decoding (default: 4); --run only")
+                        help="1 for greedy decoding (default: 4); " + only)
     parser.add_argument("--length-penalty", type=_non_negative_float,
-                        help="GNMT alpha (default: 0.6); beam search and --run only")
+                        help="GNMT alpha (default: 0.6); beam search; " + only)
     if batches:
         parser.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch")
     parser.add_argument("--jit-compile", action="store_true", default=None,
                         help="compile the search with XLA (faster on CPU; exported graphs then need XLA); "
-                             "--run only")
+                             + only)
     parser.add_argument("--xla-max-batch-size", type=_positive_int,
                         help="with --jit-compile: batches of at most this many sentences take the XLA search, "
-                             "larger ones the plain graph (faster there); --run only")
+                             "larger ones the plain graph (faster there); " + only)
     parser.add_argument("--parallel-searches", type=_positive_int,
                         help="split each batch into this many parts, decoded at the same time on one core "
                              "each (default: 1; at most the cores a request may use). translate and "
                              "evaluate then run TensorFlow with that many inter-op threads of one intra-op "
-                             "thread; an export asks TF Serving for the same; --run only")
+                             "thread; an export asks TF Serving for the same; " + only)
     parser.add_argument("--checkpoint", choices=["best", "last", "averaged"],
-                        help="which weights of the run (default: best); --run only")
+                        help="which weights of the run (default: best); " + only)
 
 
 def _check_saved_model_args(args):
@@ -438,7 +440,11 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
 def cmd_evaluate(args):
     from keras_transformer.config import check_files
 
+    from keras_transformer.languages import check_file_languages
+
     check_files(args.src, args.ref)  # before the model load, which takes seconds
+    for model in args.ensemble or [args.saved_model or args.run]:
+        check_file_languages(model, args.src, args.ref)
     # The progress bar goes to stderr: stdout is the JSON (`evaluate ... > scores.json`).
     with contextlib.redirect_stdout(sys.stderr):
         serve = _translate_fn(args)
@@ -534,7 +540,10 @@ def cmd_export(args):
     staging = output + ".export-staging" if replace else output
     if replace and os.path.exists(staging):
         shutil.rmtree(staging)
-    export_translator(translator, staging, weights_dtype=args.weights_dtype)
+    from keras_transformer.languages import model_languages
+
+    export_translator(translator, staging, weights_dtype=args.weights_dtype,
+                      languages=model_languages(args.run))
     if replace:
         shutil.rmtree(output)
         os.replace(staging, output)
@@ -618,7 +627,7 @@ def cmd_demo(args):
         scores = evaluate_files(lambda batch: translator.serve(batch)["translation"], config.val_src,
                                 config.val_tgt)
     print(f"      BLEU {scores['bleu']:.1f}  chrF {scores['chrf']:.1f}")
-    path = export_translator(translator, os.path.join(out, "saved_model"))
+    path = export_translator(translator, os.path.join(out, "saved_model"), languages=("en", "de"))
     print(f"[4/4] Exported the translator to {path}; translations:")
     examples = ["A small dog runs in the park.", "The old woman sees the children.", "Happy girls sing by the river."]
     for text, translation in zip(examples, translator.translate_lines(examples)):
@@ -836,7 +845,7 @@ def main(argv=None):
                         "matrices; computation stays float32")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the SavedModel already in the --output folder")
-    _decoding_args(p, batches=False)
+    _decoding_args(p, batches=False, ensemble=False)
     p.set_defaults(func=cmd_export)
 
     p = add_command("demo", help="generate data, train, export and translate (no network, CPU)")

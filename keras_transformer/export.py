@@ -131,7 +131,7 @@ def _model_settings(translator):
     }
 
 
-def export_translator(translator, path, weights_dtype="float32"):
+def export_translator(translator, path, weights_dtype="float32", languages=None):
     """Write `translator` as a SavedModel with a string-to-string signature.
 
     Signatures:
@@ -174,14 +174,19 @@ def export_translator(translator, path, weights_dtype="float32"):
             (`Float16StoragePolicy`); or `"int8"` to store the matrices as
             int8 with per-channel scales, about a quarter of the space,
             rebuilt to float32 at each call (`keras_transformer.quantization`).
+        languages: `(source_code, target_code)` such as `("en", "de")`,
+            recorded as `"languages"` in `keras_transformer.json` so that
+            ensembles and `evaluate` can check the direction
+            (`keras_transformer.languages`); None (default): not recorded.
 
     Returns:
         `path`.
 
     Raises:
         TypeError: if `translator` is not a `Translator`.
-        ValueError: for another `weights_dtype`, int8 weights with XLA, or
-            an ensemble translator (several models).
+        ValueError: for another `weights_dtype`, int8 weights with XLA,
+            an ensemble translator (several models), or `languages` that
+            is not two different ISO 639-1 codes.
         FileExistsError: if `path` holds files other than a SavedModel's
             (a run folder, say), which the export would mix with its own.
     """
@@ -209,6 +214,13 @@ def export_translator(translator, path, weights_dtype="float32"):
             )
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ValueError(f"`weights_dtype` must be one of {WEIGHTS_DTYPES}; got {weights_dtype!r}.")
+    if languages is not None:
+        from keras_transformer.languages import ISO_639_1
+
+        if (isinstance(languages, str) or len(languages) != 2 or languages[0] == languages[1]
+                or not all(code in ISO_639_1 for code in languages)):
+            raise ValueError(f"`languages` must be two different ISO 639-1 codes, (source, target) "
+                             f"such as ('en', 'de'); got {languages!r}.")
     # Rebuilt on the weights as stored, with the tied output table's
     # transpose copied once (the int8 export reads its table from int8).
     translator = Translator(
@@ -302,6 +314,7 @@ def export_translator(translator, path, weights_dtype="float32"):
         "tf_serving_env": decoding_environment(),
         "weights_dtype": weights_dtype,
         "lowercase": translator.src_tokenizer.lowercase,
+        **({"languages": {"source": languages[0], "target": languages[1]}} if languages else {}),
         "model": _model_settings(translator),
         "custom_ops": {"tensorflow_text": list(TENSORFLOW_TEXT_OPS)},
     }

@@ -382,9 +382,12 @@ def load_ensemble(paths, checkpoint="best", **decoding):
 
     Raises:
         FileNotFoundError: if a path is neither a SavedModel nor a run.
-        ValueError: for fewer than two paths, or a member whose source or
-            target pieces (or lowercasing) differ from the first's.
+        ValueError: for fewer than two paths, a member whose source or
+            target pieces (or lowercasing) differ from the first's, or one
+            whose recorded language pair (`languages.model_languages`)
+            differs from another's.
     """
+    from keras_transformer.languages import check_same_direction
     from keras_transformer.translator import Translator
 
     paths = list(paths)
@@ -393,6 +396,7 @@ def load_ensemble(paths, checkpoint="best", **decoding):
                          "Translate with one model through --run or --saved-model.")
     if checkpoint not in ("best", "last", "averaged"):
         raise ValueError(f"`checkpoint` must be 'best', 'last' or 'averaged'; got {checkpoint!r}.")
+    check_same_direction(paths)  # one shared vocabulary serves en-de and de-en alike
     members = []
     for path in paths:
         if os.path.exists(os.path.join(path, "saved_model.pb")):

@@ -101,6 +101,15 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     assert metadata["decoding"]["beam_size"] == 2 and metadata["decoding"]["parallel_searches"] == 2
     assert metadata["tf_serving_flags"] == flags.split()
     assert metadata["tf_serving_env"] == {"TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert metadata["languages"] == {"source": "en", "target": "de"}  # from train.en -> train.de
+    # Files of the other direction are refused by their names, before any translation.
+    for swapped in (["--src", str(data / "val.de"), "--ref", str(data / "val.en")],
+                    ["--src", str(data / "val.en"), "--ref", str(data / "val.en")]):
+        for source in (["--run", run], ["--saved-model", saved]):
+            with pytest.raises(SystemExit) as info:
+                main(["evaluate", *source, *swapped])
+            err = capsys.readouterr().err
+            assert info.value.code == 1 and "translates en->de: pass the en file as --src" in err, err
     assert sorted(os.listdir(tmp_path)) == ["attention.png", "data", "run", "saved"]
 
 

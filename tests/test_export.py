@@ -67,7 +67,9 @@ def exported(tmp_path_factory):
         # The output projection is the decoder embedding (section 3.4).
         "tied": Translator(tied, src, tgt, beam_size=3),
     }
-    paths = {name: export_translator(t, str(root / name)) for name, t in translators.items()}
+    # The beam export records its language pair; the others record none.
+    paths = {name: export_translator(t, str(root / name), languages=("en", "de") if name == "beam" else None)
+             for name, t in translators.items()}
     return translators, paths
 
 
@@ -760,3 +762,29 @@ def test_text_that_reads_the_same_translates_the_same(exported):
         blanks = serve(tf.constant(["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", ""]))
         assert list(blanks["translation"].numpy()) == [b""] * 7
         assert list(blanks["score"].numpy()) == [0.0] * 7
+
+
+def test_the_language_pair_is_recorded_and_an_ensemble_of_two_directions_is_refused(exported, tmp_path):
+    """`languages=` lands in keras_transformer.json, `model_languages` reads
+    it back, an unrecorded export has no pair, and `load_ensemble` refuses
+    an en->de SavedModel beside a de->en run before loading either."""
+    from keras_transformer.languages import model_languages
+    from keras_transformer.loading import load_ensemble
+
+    translators, paths = exported
+    with open(os.path.join(paths["beam"], "keras_transformer.json")) as f:
+        assert json.load(f)["languages"] == {"source": "en", "target": "de"}
+    with open(os.path.join(paths["greedy"], "keras_transformer.json")) as f:
+        assert "languages" not in json.load(f)
+    assert model_languages(paths["beam"]) == ("en", "de")
+    assert model_languages(paths["greedy"]) is None
+    reverse = tmp_path / "run-de-en"
+    reverse.mkdir()
+    (reverse / "config.json").write_text(json.dumps(
+        {"training": {"train_src": "data/train.de.gz", "train_tgt": "data/train.en.gz"}}))
+    with pytest.raises(ValueError, match=r"run-de-en translates de->en and .*beam en->de"):
+        load_ensemble([paths["beam"], str(reverse)])
+    for languages in (("en", "en"), "en-de", ("en", "xx"), ("en",)):
+        with pytest.raises(ValueError, match="two different ISO 639-1 codes"):
+            export_translator(translators["beam"], str(tmp_path / "bad"), languages=languages)
+    assert not (tmp_path / "bad").exists()
