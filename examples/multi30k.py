@@ -107,7 +107,7 @@ def config_for(args):
         early_stopping_patience=10, time_budget=args.time_budget,
         keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
         bidirectional_epochs=args.bidirectional_epochs, cooldown_epochs=args.cooldown_epochs, seed=args.seed,
-        extra_train=args.extra_train,
+        extra_train=args.extra_train, user_defined_symbols=args.user_defined_symbols,
     )
 
 
@@ -133,7 +133,12 @@ def extra_note(tc):
         return ""
     return (f" the Multi30k pairs together with {len(pairs)} file pair(s) of synthetic pairs of the same "
             "sentences (`--extra-train`; how they were made: docs/models.md, \"Synthetic training pairs\"; "
-            "the time of the models that made them is not in the wall time below),")
+            "the time of the models that made them is not in the wall time below)"
+            + (", the vocabulary's user-defined pieces "
+               + ", ".join(f"`{symbol}`" for symbol in tc["user_defined_symbols"])
+               + " kept whole (a tag before each back-translated source: tagged back-translation, "
+                 "Caswell et al., 2019)" if tc.get("user_defined_symbols") else "")
+            + ",")
 
 
 def cooldown_note(tc):
@@ -175,6 +180,8 @@ def recipe_flags(tc, mc):
             flags += f" {flag} {mc[key]}"
     if mc.get("num_decoder_layers") is not None:
         flags += f" --num-decoder-layers {mc['num_decoder_layers']}"
+    if tc.get("user_defined_symbols"):
+        flags += " --user-defined-symbols " + " ".join(shlex.quote(s) for s in tc["user_defined_symbols"])
     for extra_src, extra_tgt in tc.get("extra_train") or []:
         flags += f" --extra-train {shlex.quote(extra_src)} {shlex.quote(extra_tgt)}"
     if tc.get("time_budget") not in (None, 7200):
@@ -457,6 +464,10 @@ def build_parser():
     parser.add_argument("--extra-train", nargs=2, action="append", metavar=("SRC", "TGT"),
                         help="more aligned training files trained on beside the pair's (repeatable): "
                              "a model's translations of the training sources, or back-translations")
+    parser.add_argument("--user-defined-symbols", nargs="+", metavar="PIECE",
+                        help="pieces added to the vocabulary and never split, e.g. '<BT>' for tagged "
+                             "back-translation (the tag written before each line of a back-translated "
+                             "--extra-train source file)")
     parser.add_argument("--search", type=search_setting, action="append", metavar="BEAM:LP",
                         help="a beam size and length penalty to try on val (repeat it for a grid); ship: "
                              "instead of its default three; refresh: beside the shipped model's own, keeping "

@@ -49,6 +49,12 @@ class TrainingConfig:
             pairs are cut to it), and the rows of the model's position
             tables; default 64. `max_length` is its deprecated old name.
         src_vocab_size, tgt_vocab_size: SentencePiece vocabulary sizes.
+        user_defined_symbols: a list of pieces added to the vocabularies
+            and never split (SentencePiece's `user_defined_symbols`), such
+            as a tag `<BT>` written before each back-translated source
+            line, which tells the model which sources are synthetic
+            (tagged back-translation; Caswell et al., 2019). Each is a
+            non-empty string without whitespace. None (default): none.
         lowercase: lowercase the text before tokenizing.
         tokens_per_batch: token budget per batch (per side), with length
             bucketing; `batch_size` is used when it is None.
@@ -133,6 +139,7 @@ class TrainingConfig:
     sequence_length: int = None
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
+    user_defined_symbols: list = None
     lowercase: bool = False
     tokens_per_batch: int = 4096
     batch_size: int = 64
@@ -171,6 +178,7 @@ class TrainingConfig:
         self.max_length = None
         if self.extra_train is not None:  # lists, as config.json records them
             self.extra_train = [list(pair) for pair in check_extra_train(self.extra_train)]
+        self.user_defined_symbols = check_user_defined_symbols(self.user_defined_symbols)
 
     @classmethod
     def from_file(cls, path, **overrides):
@@ -343,6 +351,28 @@ def check_extra_train(extra_train):
             raise ValueError(f"{form}; got the entry {pair!r}.")
         pairs.append((os.fspath(pair[0]), os.fspath(pair[1])))
     return pairs
+
+
+def check_user_defined_symbols(symbols):
+    """`user_defined_symbols` (see `TrainingConfig`) as a list of `str`,
+    or None for none (an empty list too). TensorFlow-free.
+
+    Raises:
+        ValueError: for a string instead of a list, an entry that is not a
+            non-empty string without whitespace, or a repeated entry.
+    """
+    if symbols is None:
+        return None
+    if isinstance(symbols, (str, bytes)) or not isinstance(symbols, (list, tuple)):
+        raise ValueError(f"`user_defined_symbols` must be a list of pieces, e.g. ['<BT>']; on the command "
+                         f"line --user-defined-symbols '<BT>'; got {symbols!r}.")
+    for symbol in symbols:
+        if not isinstance(symbol, str) or not symbol or any(c.isspace() for c in symbol):
+            raise ValueError(f"Each of `user_defined_symbols` must be a non-empty piece without whitespace "
+                             f"(SentencePiece keeps it whole), e.g. '<BT>'; got {symbol!r}.")
+    if len(set(symbols)) < len(symbols):
+        raise ValueError(f"`user_defined_symbols` names a piece twice: {list(symbols)!r}.")
+    return list(symbols) or None
 
 
 def check_files(*paths):

@@ -69,10 +69,11 @@ from keras_transformer.tokenizers.trainer import train_subword_tokenizer
 from keras_transformer.validation import check_rate
 
 
-def _tokenizer(path, data, vocab_size, lowercase):
+def _tokenizer(path, data, vocab_size, lowercase, user_defined_symbols=None):
     if os.path.exists(path + ".model"):
         return SubwordTokenizer.load(path)
-    tokenizer = train_subword_tokenizer(data, vocab_size, lowercase=lowercase)
+    extra = {"user_defined_symbols": user_defined_symbols} if user_defined_symbols else {}
+    tokenizer = train_subword_tokenizer(data, vocab_size, lowercase=lowercase, **extra)
     tokenizer.save(path)
     return tokenizer
 
@@ -81,11 +82,12 @@ def _tokenizers(out, config, src_lines, tgt_lines):
     """The run's source and target tokenizers, trained on first use: two,
     or with `shared_vocab` one trained on both sides and saved as both."""
     source, target = os.path.join(out, "source"), os.path.join(out, "target")
+    symbols = config.user_defined_symbols
     if not config.shared_vocab:
-        return (_tokenizer(source, src_lines, config.src_vocab_size, config.lowercase),
-                _tokenizer(target, tgt_lines, config.tgt_vocab_size, config.lowercase))
+        return (_tokenizer(source, src_lines, config.src_vocab_size, config.lowercase, symbols),
+                _tokenizer(target, tgt_lines, config.tgt_vocab_size, config.lowercase, symbols))
     if not os.path.exists(target + ".model"):
-        shared = _tokenizer(source, src_lines + tgt_lines, config.src_vocab_size, config.lowercase)
+        shared = _tokenizer(source, src_lines + tgt_lines, config.src_vocab_size, config.lowercase, symbols)
         shared.save(target)
     return SubwordTokenizer.load(source), SubwordTokenizer.load(target)
 
@@ -277,11 +279,12 @@ def _best_so_far(out, monitor):
 
 # What a run folder cannot change between runs: the tokenizers and the
 # shapes of the weights. Epochs, learning rate, batching and the rest may.
-_FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase", "shared_vocab")
+_FIXED_TRAINING = ("src_vocab_size", "tgt_vocab_size", "lowercase", "shared_vocab", "user_defined_symbols")
 _FIXED_MODEL = ("num_layers", "num_decoder_layers", "d_model", "num_heads", "dff", "sequence_length",
                 "norm_first", "activation", "tie_embeddings")
 # Values of settings that runs written before they existed had.
-_FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none", "norm_first": False}
+_FIXED_DEFAULTS = {"shared_vocab": False, "tie_embeddings": "none", "norm_first": False,
+                   "user_defined_symbols": None}
 # Settings that runs written before a rename recorded under their old names.
 _OLD_NAMES = {"sequence_length": "max_length"}
 

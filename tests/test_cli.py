@@ -1286,6 +1286,61 @@ def test_extra_train_that_is_not_a_list_of_path_pairs_is_refused(value):
     assert check_extra_train((("a.en", "a.de"),)) == [("a.en", "a.de")]
 
 
+def test_tagged_back_translation_keeps_its_tag_one_piece_and_a_resume_cannot_change_it(tmp_path, capsys):
+    """--user-defined-symbols '<BT>' (tagged back-translation): the run's
+    shared tokenizer holds the tag as one piece that no other text makes,
+    the tagged source lines of an --extra-train file tokenize to it first,
+    translation without the tag still works, config.json records the
+    symbols, and resuming with other symbols is refused (the tokenizers
+    would not fit)."""
+    from keras_transformer.training import load_run
+
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=8)
+    en = (data / "train.en").read_text().splitlines()
+    de = (data / "train.de").read_text().splitlines()
+    (data / "bt.en").write_text("".join(f"<BT> {line[::-1]}\n" for line in en[:20]))
+    (data / "bt.de").write_text("\n".join(de[:20]) + "\n")
+    run = tmp_path / "run"
+    args = ["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+            "--extra-train", str(data / "bt.en"), str(data / "bt.de"),
+            "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
+            "--sequence-length", "24", "--src-vocab-size", "120", "--tgt-vocab-size", "120",
+            "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10", "--epochs", "1"]
+    main(args + ["--user-defined-symbols", "<BT>"])
+    capsys.readouterr()
+    assert json.loads((run / "config.json").read_text())["training"]["user_defined_symbols"] == ["<BT>"]
+    _, src, tgt, _ = load_run(str(run))
+    vocabulary = src.vocabulary()
+    assert vocabulary == tgt.vocabulary() and vocabulary.count("<BT>") == 1
+    tag = vocabulary.index("<BT>")
+    ids = [int(i) for i in src.tokenize(["<BT> " + en[0], en[0], "<B T>"]).to_list()[0]]
+    assert tag in ids[:2] and ids.count(tag) == 1  # the tag first (after a lone "▁" piece, if any)
+    for line in [en[0], "<B T>", "BT"]:
+        assert tag not in [int(i) for i in src.tokenize([line]).to_list()[0]]
+    assert src.detokenize(src.tokenize(["<BT> " + en[0]])).numpy()[0].decode() == "<BT> " + en[0]
+    for other in (["--user-defined-symbols", "<FT>"], []):
+        with pytest.raises(SystemExit) as info:
+            main(args[:-1] + ["2"] + other)
+        err = capsys.readouterr().err
+        assert info.value.code == 1 and "user_defined_symbols ['<BT>'] -> " in err, err
+
+
+@pytest.mark.parametrize("value, message", [
+    ("<BT>", "must be a list of pieces"),
+    (["<BT>", ""], "non-empty piece without whitespace"),
+    (["<B T>"], "non-empty piece without whitespace"),
+    ([7], "non-empty piece without whitespace"),
+    (["<BT>", "<BT>"], "names a piece twice"),
+])
+def test_bad_user_defined_symbols_are_refused(value, message):
+    from keras_transformer.config import TrainingConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainingConfig(train_src="a.en", train_tgt="a.de", user_defined_symbols=value)
+    assert TrainingConfig(train_src="a.en", train_tgt="a.de", user_defined_symbols=[]).user_defined_symbols is None
+
+
 @pytest.mark.parametrize("bidirectional", [0, 1])
 def test_cooldown_epochs_end_the_learning_rate_at_zero_on_the_last_step(tmp_path, capsys, bidirectional):
     """--cooldown-epochs 2 of 3: the schedule's cooldown spans the steps of
