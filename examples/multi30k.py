@@ -49,6 +49,7 @@ from keras_transformer.data.text_files import read_parallel
 from keras_transformer.devices import host_description
 from keras_transformer.evaluation import corpus_scores
 from keras_transformer.export import export_translator
+from keras_transformer.languages import model_languages
 from keras_transformer.training import TrainingConfig, load_run, train
 from keras_transformer.translator import Translator
 
@@ -217,6 +218,10 @@ def choose_on_val(args):
 
 
 def ship(args):
+    trained = model_languages(args.run)
+    if trained is not None and "-".join(trained) != args.pair:
+        raise SystemExit(f"{args.run} was trained {'-'.join(trained)} and --pair is {args.pair}: pass "
+                         f"--pair {'-'.join(trained)}.")
     which, beam_size, length_penalty, table = choose_on_val(args)
     model, src, tgt, config = load_run(args.run, which=which)
     translator = Translator(model, src, tgt, beam_size=beam_size, length_penalty=length_penalty)
@@ -318,7 +323,7 @@ def export_and_describe(args, translator, facts, describe=None):
     out = args.output.rstrip("/\\") + ".staging"
     if os.path.exists(out):
         shutil.rmtree(out)
-    export_translator(translator, out, weights_dtype="float16", languages=tuple(args.pair.split("-")))
+    export_translator(translator, out, weights_dtype="float16", languages=tuple(facts["pair"].split("-")))
     serve = _load_saved_model(out)
     hypotheses_path = os.path.join(out, "test_2016_flickr.hyp")
     with contextlib.redirect_stdout(sys.stderr):  # progress bars; stdout is the scores

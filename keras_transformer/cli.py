@@ -205,7 +205,7 @@ def _check_saved_model_args(args):
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(
-            f"{flags} {'applies' if len(given) == 1 else 'apply'} to --run only: a SavedModel decodes with the settings it was "
+            f"{flags} {'applies' if len(given) == 1 else 'apply'} to --run and --ensemble only: a SavedModel decodes with the settings it was "
             f"exported with. Drop {'it' if len(given) == 1 else 'them'}, or export again with "
             f"{'it' if len(given) == 1 else 'them'} (`keras-transformer export "
             "--run RUN --output DIR --beam-size N ...`)."
@@ -443,12 +443,23 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
 
 def cmd_evaluate(args):
     from keras_transformer.config import check_files
+    from keras_transformer.config import check_run_folder
+    from keras_transformer.config import check_saved_model_folder
 
     from keras_transformer.languages import check_file_languages
+    from keras_transformer.languages import check_same_direction
 
     check_files(args.src, args.ref)  # before the model load, which takes seconds
-    for model in args.ensemble or [args.saved_model or args.run]:
-        check_file_languages(model, args.src, args.ref)
+    if args.saved_model:  # the folder errors first: they say more than a language check would
+        check_saved_model_folder(args.saved_model)
+    elif args.run:
+        check_run_folder(args.run)
+    if args.ensemble:
+        _check_ensemble_folders(args.ensemble)
+        check_same_direction(args.ensemble)  # before the files are held against each member
+    if not args.no_language_check:
+        for model in args.ensemble or [args.saved_model or args.run]:
+            check_file_languages(model, args.src, args.ref)
     # The progress bar goes to stderr: stdout is the JSON (`evaluate ... > scores.json`).
     with contextlib.redirect_stdout(sys.stderr):
         serve = _translate_fn(args)
@@ -804,6 +815,9 @@ def main(argv=None):
     p.add_argument("--src", required=True, help="source file to translate (plain or .gz)")
     p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
     p.add_argument("--limit", type=_positive_int, help="first N sentences only")
+    p.add_argument("--no-language-check", action="store_true",
+                   help="evaluate even where the files' names end in language codes (train.de.gz) other "
+                        "than the model's source and target languages")
     p.add_argument("--output", help="write the translations here")
     _decoding_args(p)
     p.set_defaults(func=cmd_evaluate)

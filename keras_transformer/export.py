@@ -217,10 +217,12 @@ def export_translator(translator, path, weights_dtype="float32", languages=None)
     if languages is not None:
         from keras_transformer.languages import ISO_639_1
 
-        if (isinstance(languages, str) or len(languages) != 2 or languages[0] == languages[1]
-                or not all(code in ISO_639_1 for code in languages)):
+        given = languages
+        languages = tuple(languages) if isinstance(languages, (list, tuple)) else None
+        if (languages is None or len(languages) != 2 or languages[0] == languages[1]
+                or not all(isinstance(code, str) and code in ISO_639_1 for code in languages)):
             raise ValueError(f"`languages` must be two different ISO 639-1 codes, (source, target) "
-                             f"such as ('en', 'de'); got {languages!r}.")
+                             f"such as ('en', 'de'); got {given!r}.")
     # Rebuilt on the weights as stored, with the tied output table's
     # transpose copied once (the int8 export reads its table from int8).
     translator = Translator(

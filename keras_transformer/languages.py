@@ -28,7 +28,19 @@ or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se sg si sk sl sm sn so sq sr ss
 ta te tg th ti tk tl tn to tr ts tt tw ty ug uk ur uz ve vi vo wa wo xh yi yo za zh zu
 """.split())
 
+# Codes that name the same language as another: the older or macro-language
+# code to the one `language_of_file` reports.
+ALIASES = {"no": "nb", "iw": "he", "in": "id", "ji": "yi"}
+
 _COMPRESSED = (".gz", ".bz2", ".xz")
+
+
+def _code(value):
+    """A recorded language code as `language_of_file` reports it, or None."""
+    if not isinstance(value, str):
+        return None
+    code = ALIASES.get(value.strip().lower(), value.strip().lower())
+    return code if code in ISO_639_1 else None
 
 
 def language_of_file(path):
@@ -39,7 +51,8 @@ def language_of_file(path):
 
     Returns:
         str: the ISO 639-1 code before any `.gz`, `.bz2` or `.xz`
-        (`"de"`), or None when the name ends otherwise (`corpus.src`).
+        (`"de"`; an older alias such as `"no"` as its current code,
+        `ALIASES`), or None when the name ends otherwise (`corpus.src`).
 
     Example:
 
@@ -54,7 +67,7 @@ def language_of_file(path):
             name = name[: -len(suffix)]
             break
     stem, dot, code = name.rpartition(".")
-    return code if dot and stem and code in ISO_639_1 else None
+    return _code(code) if dot and stem else None
 
 
 def pair_of_files(src, tgt):
@@ -64,33 +77,47 @@ def pair_of_files(src, tgt):
     return pair if None not in pair and pair[0] != pair[1] else None
 
 
+def _read_json(path):
+    """The JSON object in `path`, or None if it is missing, unreadable or
+    not an object: the checks here never fail on a file they only read
+    for a hint."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def model_languages(path):
     """The language pair of a run folder or exported SavedModel, or None.
 
     Args:
         path: a run folder (its `config.json` training files) or a
-            SavedModel folder (its `keras_transformer.json` `"languages"`).
+            SavedModel folder (`"languages"` in its `keras_transformer.json`,
+            else `"pair"`, such as `"en-de"`, in a shipped model's
+            `metrics.json`).
 
     Returns:
-        `(source_code, target_code)`, or None where the run's file names
-        carry no code or the SavedModel recorded none.
+        `(source_code, target_code)`, or None where nothing records the
+        pair (or a file holds it in another form).
     """
-    saved = os.path.join(path, "keras_transformer.json")
     if os.path.exists(os.path.join(path, "saved_model.pb")):
-        if not os.path.exists(saved):
-            return None
-        with open(saved, encoding="utf-8") as f:
-            languages = json.load(f).get("languages") or {}
-        pair = (languages.get("source"), languages.get("target"))
-        return pair if None not in pair else None
-    config = os.path.join(path, "config.json")
-    if not os.path.exists(config):
+        languages = (_read_json(os.path.join(path, "keras_transformer.json")) or {}).get("languages")
+        if isinstance(languages, dict):
+            pair = (_code(languages.get("source")), _code(languages.get("target")))
+        else:
+            shipped = (_read_json(os.path.join(path, "metrics.json")) or {}).get("pair")
+            parts = shipped.split("-") if isinstance(shipped, str) else []
+            pair = (_code(parts[0]), _code(parts[1])) if len(parts) == 2 else (None, None)
+        return pair if None not in pair and pair[0] != pair[1] else None
+    training = (_read_json(os.path.join(path, "config.json")) or {}).get("training")
+    if not isinstance(training, dict):
         return None
-    with open(config, encoding="utf-8") as f:
-        training = json.load(f).get("training", {})
-    if not training.get("train_src") or not training.get("train_tgt"):
+    src, tgt = training.get("train_src"), training.get("train_tgt")
+    if not isinstance(src, str) or not isinstance(tgt, str):
         return None
-    return pair_of_files(training["train_src"], training["train_tgt"])
+    return pair_of_files(src, tgt)
 
 
 def check_same_direction(paths):
@@ -113,7 +140,9 @@ def check_same_direction(paths):
 
 def check_file_languages(model_path, src, ref=None):
     """Raise when the names of the files to translate (and score against)
-    say another direction than the model at `model_path` translates.
+    say another direction than the model at `model_path` translates
+    (`evaluate --no-language-check` skips this, for files whose names end
+    in a code that is not their language).
 
     Args:
         model_path: a run or SavedModel folder.
@@ -132,5 +161,6 @@ def check_file_languages(model_path, src, ref=None):
             raise ValueError(
                 f"{flag} {path} is named as {found!r} text, and {model_path} translates "
                 f"{pair[0]}->{pair[1]}: pass the {pair[0]} file as --src and the {pair[1]} file "
-                "as --ref, or a model of that direction."
+                "as --ref, or a model of that direction (or --no-language-check, if the name's "
+                "code is not the file's language)."
             )

@@ -110,6 +110,18 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
                 main(["evaluate", *source, *swapped])
             err = capsys.readouterr().err
             assert info.value.code == 1 and "translates en->de: pass the en file as --src" in err, err
+    main(["evaluate", "--saved-model", saved, "--src", str(data / "val.de"), "--ref", str(data / "val.en"),
+          "--limit", "2", "--no-language-check"])
+    assert json.loads(capsys.readouterr().out)["num_segments"] == 2
+    # An ensemble of two directions is refused as such, before the files are held against each member.
+    reverse = data / "reverse"
+    reverse.mkdir()
+    (reverse / "saved_model.pb").write_bytes(b"")
+    (reverse / "keras_transformer.json").write_text(json.dumps({"languages": {"source": "de", "target": "en"}}))
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--ensemble", run, "--ensemble", str(reverse), "--src", str(data / "val.en"),
+              "--ref", str(data / "val.de")])
+    assert "the models of an ensemble translate in one direction" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["attention.png", "data", "run", "saved"]
 
 
@@ -508,7 +520,7 @@ def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, ext
             main(command + extra)
         assert info.value.code == 1
         err = capsys.readouterr().err
-        assert extra[0] in err and "applies to --run only" in err, err
+        assert extra[0] in err and "applies to --run and --ensemble only" in err, err
 
 
 def _echo_translate(monkeypatch, stdin_bytes):

@@ -172,6 +172,10 @@ def test_cli_ensemble_of_the_shipped_model_twice_translates_as_the_shipped_model
         export_translator(ensemble, str(tmp_path / "export"))
     with pytest.raises(ValueError, match="two or more"):
         load_ensemble([shipped])
+    # The shipped en-de and de-en models share one vocabulary: their recorded
+    # pairs keep them apart.
+    with pytest.raises(ValueError, match="multi30k-de-en translates de->en and .*multi30k-en-de en->de"):
+        load_ensemble([shipped, os.path.join(root, "saved_models/multi30k-de-en")])
     with pytest.raises(ValueError, match="another source tokenizer"):
         load_ensemble([shipped, os.path.join(root, "saved_models/multi30k-en-fr")])
     cli.main(["translate", "--ensemble", shipped, "--ensemble", shipped, "--beam-size", str(search["beam_size"]),

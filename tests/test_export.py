@@ -784,7 +784,8 @@ def test_the_language_pair_is_recorded_and_an_ensemble_of_two_directions_is_refu
         {"training": {"train_src": "data/train.de.gz", "train_tgt": "data/train.en.gz"}}))
     with pytest.raises(ValueError, match=r"run-de-en translates de->en and .*beam en->de"):
         load_ensemble([paths["beam"], str(reverse)])
-    for languages in (("en", "en"), "en-de", ("en", "xx"), ("en",)):
+    for languages in (("en", "en"), "en-de", ("en", "xx"), ("en",), {"source": "en", "target": "de"},
+                      {"en", "de"}, ("en", 7)):
         with pytest.raises(ValueError, match="two different ISO 639-1 codes"):
             export_translator(translators["beam"], str(tmp_path / "bad"), languages=languages)
     assert not (tmp_path / "bad").exists()

@@ -24,6 +24,7 @@ from keras_transformer.languages import pair_of_files
     (".en", None),
     ("data.en/train.tok", None),  # the folder's suffix does not count
     ("train.xx", None),          # not ISO 639-1
+    ("test.no", "nb"),           # an alias, as its current code
 ])
 def test_language_of_file(path, code):
     assert language_of_file(path) == code
@@ -55,6 +56,33 @@ def test_model_languages_of_runs_and_saved_models(tmp_path):
     assert model_languages(_saved_model(tmp_path / "c", {"source": "de", "target": "en"})) == ("de", "en")
     assert model_languages(_saved_model(tmp_path / "d", None)) is None
     assert model_languages(str(tmp_path)) is None  # neither
+    # A shipped model without the key: its metrics.json "pair".
+    shipped = _saved_model(tmp_path / "e", None)
+    (tmp_path / "e" / "metrics.json").write_text(json.dumps({"pair": "en-fr"}))
+    assert model_languages(shipped) == ("en", "fr")
+    assert model_languages(_saved_model(tmp_path / "f", {"source": "EN", "target": "No"})) == ("en", "nb")
+
+
+@pytest.mark.parametrize("name, text", [
+    ("keras_transformer.json", json.dumps({"languages": ["en", "de"]})),
+    ("keras_transformer.json", json.dumps({"languages": "en-de"})),
+    ("keras_transformer.json", json.dumps([1, 2])),
+    ("keras_transformer.json", "{not json"),
+    ("metrics.json", json.dumps({"pair": ["en", "de"]})),
+    ("metrics.json", json.dumps({"pair": "en-de-fr"})),
+    ("config.json", json.dumps({"training": None})),
+    ("config.json", json.dumps({"training": {"train_src": 3, "train_tgt": "a.de"}})),
+    ("config.json", "[]"),
+])
+def test_model_languages_of_files_in_another_form_is_none(tmp_path, name, text):
+    """A hint the checks only read: a file of another shape gives no pair,
+    never a traceback."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if name != "config.json":
+        (folder / "saved_model.pb").write_bytes(b"")
+    (folder / name).write_text(text)
+    assert model_languages(str(folder)) is None
 
 
 def test_an_ensemble_of_two_directions_is_refused_and_unknown_members_pass(tmp_path):
