@@ -182,7 +182,7 @@ def recipe_flags(tc, mc):
     if mc.get("num_decoder_layers") is not None:
         flags += f" --num-decoder-layers {mc['num_decoder_layers']}"
     if tc.get("user_defined_symbols"):
-        flags += " --user-defined-symbols " + " ".join(shlex.quote(s) for s in tc["user_defined_symbols"])
+        flags += "".join(f" --user-defined-symbols {shlex.quote(s)}" for s in tc["user_defined_symbols"])
     for extra_src, extra_tgt in tc.get("extra_train") or []:
         flags += f" --extra-train {shlex.quote(extra_src)} {shlex.quote(extra_tgt)}"
     if tc.get("time_budget") not in (None, 7200):
@@ -469,8 +469,8 @@ def build_parser():
     parser.add_argument("--extra-train", nargs=2, action="append", metavar=("SRC", "TGT"),
                         help="more aligned training files trained on beside the pair's (repeatable): "
                              "a model's translations of the training sources, or back-translations")
-    parser.add_argument("--user-defined-symbols", nargs="+", metavar="PIECE",
-                        help="pieces added to the vocabulary and never split, e.g. '<BT>' for tagged "
+    parser.add_argument("--user-defined-symbols", action="append", metavar="PIECE",
+                        help="a piece added to the vocabulary and never split (repeatable), e.g. '<BT>' for tagged "
                              "back-translation (the tag written before each line of a back-translated "
                              "--extra-train source file)")
     parser.add_argument("--search", type=search_setting, action="append", metavar="BEAM:LP",

@@ -125,10 +125,10 @@ def _add_training_args(parser):
     parser.add_argument("--norm-first", default=defaults.norm_first, **flag,
                         help="pre-LN blocks with a final LayerNorm per stack (Xiong et al., 2020) "
                              "instead of the paper's post-LN")
-    parser.add_argument("--user-defined-symbols", nargs="+", metavar="PIECE",
-                        help="pieces added to the vocabularies and never split, e.g. a tag '<BT>' written "
-                             "before each back-translated source line (tagged back-translation, Caswell "
-                             "et al., 2019)")
+    parser.add_argument("--user-defined-symbols", action="append", metavar="PIECE",
+                        help="a piece added to the vocabularies and never split (repeatable), e.g. a tag "
+                             "'<BT>' written before each back-translated source line (tagged "
+                             "back-translation, Caswell et al., 2019; BiT's reversed pairs drop it)")
     parser.add_argument("--shared-vocab", default=defaults.shared_vocab, **flag,
                         help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
     parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,

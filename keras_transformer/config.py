@@ -359,7 +359,8 @@ def check_user_defined_symbols(symbols):
 
     Raises:
         ValueError: for a string instead of a list, an entry that is not a
-            non-empty string without whitespace, or a repeated entry.
+            non-empty string without whitespace, a repeated entry, or one
+            of the special pieces (`<pad>`, `<unk>`, `<s>`, `</s>`).
     """
     if symbols is None:
         return None
@@ -372,6 +373,10 @@ def check_user_defined_symbols(symbols):
                              f"(SentencePiece keeps it whole), e.g. '<BT>'; got {symbol!r}.")
     if len(set(symbols)) < len(symbols):
         raise ValueError(f"`user_defined_symbols` names a piece twice: {list(symbols)!r}.")
+    special = sorted(set(symbols) & {"<pad>", "<unk>", "<s>", "</s>"})
+    if special:
+        raise ValueError(f"`user_defined_symbols` names the special piece(s) {special}, which every "
+                         "vocabulary has already; choose another piece, e.g. '<BT>'.")
     return list(symbols) or None
 
 

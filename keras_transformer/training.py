@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import time
 import warnings
@@ -226,6 +227,13 @@ def _check_settings(config, model_config):
         raise ValueError(
             "tie_embeddings='all' shares the source and target embeddings, which needs one "
             "vocabulary: add --shared-vocab (or tie only the target side: --tie-embeddings target)."
+        )
+    upper = [symbol for symbol in config.user_defined_symbols or [] if symbol != symbol.lower()]
+    if config.lowercase and upper:
+        raise ValueError(
+            f"--lowercase lowercases the text before tokenizing, so the user-defined symbol(s) "
+            f"{upper} would never match it; write them in lower case ({[s.lower() for s in upper]}), "
+            "in the data too."
         )
     if config.shared_vocab and config.src_vocab_size != config.tgt_vocab_size:
         raise ValueError(
@@ -546,12 +554,28 @@ def train(config, verbose=1):
         # BiT (Ding et al., 2021): each pair also as target -> source. The
         # shared vocabulary tokenizes either side. Built once, when needed.
         if not two_way:
-            two_way.append(dataset(src_lines + tgt_lines, tgt_lines + src_lines, True, config.subword_alpha))
+            # A tag that marks synthetic sources (`user_defined_symbols`)
+            # marks the input, never the output: reversed, it is dropped.
+            reversed_tgt = untagged(src_lines, config.user_defined_symbols)
+            two_way.append(dataset(src_lines + tgt_lines, tgt_lines + reversed_tgt, True, config.subword_alpha))
         return two_way[0]
 
     with data_parallel_scope(config.distribution):
         return _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out, verbose,
                               both_directions=both_directions)
+
+
+def untagged(lines, symbols):
+    """`lines` without the user-defined `symbols` they start with (and the
+    spaces after them): the text of a tagged source as a target.
+
+    >>> untagged(["<BT> A dog runs.", "A <BT> dog."], ["<BT>"])
+    ['A dog runs.', 'A <BT> dog.']
+    """
+    if not symbols:
+        return lines
+    leading = re.compile(r"^\s*(?:(?:" + "|".join(re.escape(s) for s in symbols) + r")\s*)+")
+    return [leading.sub("", line) for line in lines]
 
 
 def _step_is_compiled(config):

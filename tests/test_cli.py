@@ -1298,14 +1298,25 @@ def test_extra_train_that_is_not_a_list_of_path_pairs_is_refused(value):
     assert check_extra_train((("a.en", "a.de"),)) == [("a.en", "a.de")]
 
 
-def test_tagged_back_translation_keeps_its_tag_one_piece_and_a_resume_cannot_change_it(tmp_path, capsys):
+def test_tagged_back_translation_keeps_its_tag_one_piece_and_a_resume_cannot_change_it(tmp_path, capsys,
+                                                                                       monkeypatch):
     """--user-defined-symbols '<BT>' (tagged back-translation): the run's
     shared tokenizer holds the tag as one piece that no other text makes,
     the tagged source lines of an --extra-train file tokenize to it first,
-    translation without the tag still works, config.json records the
-    symbols, and resuming with other symbols is refused (the tokenizers
-    would not fit)."""
+    BiT's reversed pairs drop it from their targets, config.json records the
+    symbols, resuming with other symbols is refused (the tokenizers would
+    not fit), and so is a tag in capitals with --lowercase."""
+    import keras_transformer.training as training
+    from keras_transformer.data.pipeline import make_dataset
     from keras_transformer.training import load_run
+
+    calls = []
+
+    def recording(src, tgt, *rest, **kwargs):
+        calls.append((src, tgt))
+        return make_dataset(src, tgt, *rest, **kwargs)
+
+    monkeypatch.setattr(training, "make_dataset", recording)
 
     data = tmp_path / "data"
     write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=8)
@@ -1318,9 +1329,17 @@ def test_tagged_back_translation_keeps_its_tag_one_piece_and_a_resume_cannot_cha
             "--extra-train", str(data / "bt.en"), str(data / "bt.de"),
             "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
             "--sequence-length", "24", "--src-vocab-size", "120", "--tgt-vocab-size", "120",
-            "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10", "--epochs", "1"]
+            "--shared-vocab", "--tokens-per-batch", "256", "--warmup-steps", "10", "--bidirectional-epochs", "1",
+            "--epochs", "1"]
+    with pytest.raises(SystemExit):
+        main(args + ["--user-defined-symbols", "<BT>", "--lowercase"])
+    assert "would never match it; write them in lower case (['<bt>'])" in capsys.readouterr().err
+    assert not run.exists()
     main(args + ["--user-defined-symbols", "<BT>"])
     capsys.readouterr()
+    tagged = [f"<BT> {line[::-1]}" for line in en[:20]]
+    src_lines, tgt_lines = en + tagged, de + de[:20]
+    assert (src_lines + tgt_lines, tgt_lines + en + [line[::-1] for line in en[:20]]) in calls  # BiT
     assert json.loads((run / "config.json").read_text())["training"]["user_defined_symbols"] == ["<BT>"]
     _, src, tgt, _ = load_run(str(run))
     vocabulary = src.vocabulary()
@@ -1344,6 +1363,7 @@ def test_tagged_back_translation_keeps_its_tag_one_piece_and_a_resume_cannot_cha
     (["<B T>"], "non-empty piece without whitespace"),
     ([7], "non-empty piece without whitespace"),
     (["<BT>", "<BT>"], "names a piece twice"),
+    (["<BT>", "</s>"], r"special piece\(s\) \['</s>'\]"),
 ])
 def test_bad_user_defined_symbols_are_refused(value, message):
     from keras_transformer.config import TrainingConfig
