@@ -45,6 +45,8 @@ def test_defaults_are_the_recipe(script):
     "--norm-first --subword-alpha 0.3 --bidirectional-epochs 14 --dropout-rate 0.2 --seed 4",
     "--norm-first --subword-alpha 0.3 --cooldown-epochs 20 --dropout-rate 0.2 --seed 5",
     "--norm-first --extra-train kd.en kd.de --extra-train 'b t.en' bt.de --dropout-rate 0.2 --seed 6",
+    "--norm-first --user-defined-symbols '<BT>' --user-defined-symbols '<FT>' --extra-train bt.en bt.de "
+    "--dropout-rate 0.2 --seed 8",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)
