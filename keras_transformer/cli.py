@@ -450,7 +450,8 @@ def cmd_evaluate(args):
     from keras_transformer.languages import check_same_direction
 
     check_files(args.src, args.ref)  # before the model load, which takes seconds
-    if args.saved_model:  # the folder errors first: they say more than a language check would
+    if args.saved_model:  # the flag and folder errors first: they say more than a language check would
+        _check_saved_model_args(args)
         check_saved_model_folder(args.saved_model)
     elif args.run:
         check_run_folder(args.run)

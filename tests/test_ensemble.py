@@ -6,6 +6,7 @@ Backend-neutral apart from the tests marked for tensorflow.
 """
 
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -176,8 +177,19 @@ def test_cli_ensemble_of_the_shipped_model_twice_translates_as_the_shipped_model
     # pairs keep them apart.
     with pytest.raises(ValueError, match="multi30k-de-en translates de->en and .*multi30k-en-de en->de"):
         load_ensemble([shipped, os.path.join(root, "saved_models/multi30k-de-en")])
+    en_fr = os.path.join(root, "saved_models/multi30k-en-fr")
+    with pytest.raises(ValueError, match="multi30k-en-fr translates en->fr and .*multi30k-en-de en->de"):
+        load_ensemble([shipped, en_fr])
+    # An export that records no pair (as older ones did) is held to the
+    # tokenizers instead.
+    unrecorded = tmp_path / "en-fr-unrecorded"
+    shutil.copytree(en_fr, unrecorded)
+    (unrecorded / "metrics.json").unlink(missing_ok=True)
+    facts = json.loads((unrecorded / "keras_transformer.json").read_text())
+    facts.pop("languages", None)
+    (unrecorded / "keras_transformer.json").write_text(json.dumps(facts))
     with pytest.raises(ValueError, match="another source tokenizer"):
-        load_ensemble([shipped, os.path.join(root, "saved_models/multi30k-en-fr")])
+        load_ensemble([shipped, str(unrecorded)])
     cli.main(["translate", "--ensemble", shipped, "--ensemble", shipped, "--beam-size", str(search["beam_size"]),
               "--length-penalty", str(search["length_penalty"]), lines[1]])
     assert capsys.readouterr().out.strip() == want[1]
