@@ -195,7 +195,9 @@ def export_ctranslate2(source, output_dir, quantization=None, overwrite=False, w
         output_dir: folder to write: CTranslate2's `model.bin`, `config.json`
             and vocabularies, plus `source.model` / `target.model` (the
             SentencePiece models) and `keras_transformer.json` (input
-            lowercasing, special ids, source length limit).
+            lowercasing, special ids, source length limit, and the
+            language pair where the source records one:
+            `keras_transformer.languages.model_languages`).
         quantization: None (float32 weights) or a CTranslate2 weight type:
             `"int8"`, `"int8_float32"`, `"int16"` or `"float16"`. The type can
             also be chosen when loading (`compute_type`).
@@ -233,9 +235,16 @@ def export_ctranslate2(source, output_dir, quantization=None, overwrite=False, w
     for name, proto in ((SOURCE_MODEL, converted.src_proto), (TARGET_MODEL, converted.tgt_proto)):
         with open(os.path.join(staging, name), "wb") as f:
             f.write(proto)
+    facts = {"format": FORMAT, "lowercase": converted.lowercase, "special_ids": converted.special_ids,
+             "source_sequence_length": converted.max_positions, "quantization": quantization}
+    if isinstance(source, (str, os.PathLike)):
+        from keras_transformer.languages import model_languages
+
+        languages = model_languages(os.fspath(source))
+        if languages:
+            facts["languages"] = {"source": languages[0], "target": languages[1]}
     with open(os.path.join(staging, METADATA_FILE), "w") as f:
-        json.dump({"format": FORMAT, "lowercase": converted.lowercase, "special_ids": converted.special_ids,
-                   "source_sequence_length": converted.max_positions, "quantization": quantization}, f, indent=2)
+        json.dump(facts, f, indent=2)
     if os.path.isdir(output_dir):
         shutil.rmtree(output_dir)
     os.replace(staging, output_dir)

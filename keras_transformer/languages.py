@@ -90,24 +90,28 @@ def _read_json(path):
 
 
 def model_languages(path):
-    """The language pair of a run folder or exported SavedModel, or None.
+    """The language pair of a run folder or an exported model, or None.
 
     Args:
-        path: a run folder (its `config.json` training files) or a
+        path: a run folder (its `config.json` training files), a
             SavedModel folder (`"languages"` in its `keras_transformer.json`,
             else `"pair"`, such as `"en-de"`, in a shipped model's
-            `metrics.json`).
+            `metrics.json`) or a CTranslate2 folder written by
+            `export_ctranslate2` (`"languages"` in its
+            `keras_transformer.json`).
 
     Returns:
         `(source_code, target_code)`, or None where nothing records the
         pair (or a file holds it in another form).
     """
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
-        languages = (_read_json(os.path.join(path, "keras_transformer.json")) or {}).get("languages")
+    facts = _read_json(os.path.join(path, "keras_transformer.json")) or {}
+    exported = os.path.exists(os.path.join(path, "saved_model.pb"))
+    if exported or facts.get("format") == "keras_transformer.ctranslate2":  # ctranslate2_export.FORMAT
+        languages = facts.get("languages")
         if isinstance(languages, dict):
             pair = (_code(languages.get("source")), _code(languages.get("target")))
         else:
-            shipped = (_read_json(os.path.join(path, "metrics.json")) or {}).get("pair")
+            shipped = (_read_json(os.path.join(path, "metrics.json")) or {}).get("pair") if exported else None
             parts = shipped.split("-") if isinstance(shipped, str) else []
             pair = (_code(parts[0]), _code(parts[1])) if len(parts) == 2 else (None, None)
         return pair if None not in pair and pair[0] != pair[1] else None

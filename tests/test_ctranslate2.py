@@ -25,6 +25,7 @@ from keras_transformer.ctranslate2_export import export_ctranslate2  # noqa: E40
 from keras_transformer.data.synthetic import make_synthetic_corpus  # noqa: E402
 from keras_transformer.data.text_files import read_lines  # noqa: E402
 from keras_transformer.export import export_translator  # noqa: E402
+from keras_transformer.languages import model_languages  # noqa: E402
 from keras_transformer.loading import translator_from_saved_model  # noqa: E402
 from keras_transformer.tokenizers import train_subword_tokenizer  # noqa: E402
 
@@ -125,6 +126,7 @@ def test_shipped_models_convert_exactly(saved_model, multi30k, tmp_path):
     source_language = saved_model.name.split("-")[-2]
     lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{source_language}.gz"))[:200]
     path = export_ctranslate2(str(saved_model), str(tmp_path / "ct2"))
+    assert model_languages(path) == model_languages(str(saved_model)) == tuple(saved_model.name.split("-")[-2:])
     ours = our_greedy_ids(translator_from_saved_model(str(saved_model), beam_size=1), lines)
     # Up to the position table (63 output tokens after the start token):
     # ours forces the end token there, CTranslate2 stops.

@@ -61,6 +61,15 @@ def test_model_languages_of_runs_and_saved_models(tmp_path):
     (tmp_path / "e" / "metrics.json").write_text(json.dumps({"pair": "en-fr"}))
     assert model_languages(shipped) == ("en", "fr")
     assert model_languages(_saved_model(tmp_path / "f", {"source": "EN", "target": "No"})) == ("en", "nb")
+    # A CTranslate2 export: its keras_transformer.json; no metrics.json fallback.
+    ct2 = tmp_path / "ct2"
+    ct2.mkdir()
+    (ct2 / "keras_transformer.json").write_text(json.dumps({"format": "keras_transformer.ctranslate2",
+                                                            "languages": {"source": "en", "target": "fr"}}))
+    assert model_languages(str(ct2)) == ("en", "fr")
+    (ct2 / "keras_transformer.json").write_text(json.dumps({"format": "keras_transformer.ctranslate2"}))
+    (ct2 / "metrics.json").write_text(json.dumps({"pair": "en-fr"}))
+    assert model_languages(str(ct2)) is None
 
 
 @pytest.mark.parametrize("name, text", [
