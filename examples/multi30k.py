@@ -50,6 +50,7 @@ from keras_transformer.devices import host_description
 from keras_transformer.evaluation import corpus_scores
 from keras_transformer.export import export_translator
 from keras_transformer.languages import model_languages
+from keras_transformer.precision import PRECISIONS
 from keras_transformer.training import TrainingConfig, load_run, train
 from keras_transformer.translator import Translator
 
@@ -109,6 +110,7 @@ def config_for(args):
         keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
         bidirectional_epochs=args.bidirectional_epochs, cooldown_epochs=args.cooldown_epochs, seed=args.seed,
         extra_train=args.extra_train, user_defined_symbols=args.user_defined_symbols,
+        precision=args.precision,
     )
 
 
@@ -185,6 +187,8 @@ def recipe_flags(tc, mc):
         flags += "".join(f" --user-defined-symbols {shlex.quote(s)}" for s in tc["user_defined_symbols"])
     for extra_src, extra_tgt in tc.get("extra_train") or []:
         flags += f" --extra-train {shlex.quote(extra_src)} {shlex.quote(extra_tgt)}"
+    if tc.get("precision", "auto") != "auto":
+        flags += f" --precision {tc['precision']}"
     if tc.get("time_budget") not in (None, 7200):
         flags += f" --time-budget {tc['time_budget']:g}"
     return flags
@@ -459,6 +463,9 @@ def build_parser():
     parser.add_argument("--d-model", type=int, default=128,
                         help="model width; 256 or more trains in mixed_bfloat16 on a CPU with bfloat16 "
                              "instructions (the recipe: 128)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="training precision (keras_transformer.precision); auto: mixed_bfloat16 from "
+                             "d_model 256 on a CPU with bfloat16 instructions, else float32 (the recipe: auto)")
     parser.add_argument("--num-layers", type=int, default=4,
                         help="encoder layers, and as many decoder layers unless --num-decoder-layers "
                              "(the recipe: 4)")

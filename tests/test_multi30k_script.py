@@ -47,6 +47,7 @@ def test_defaults_are_the_recipe(script):
     "--norm-first --extra-train kd.en kd.de --extra-train 'b t.en' bt.de --dropout-rate 0.2 --seed 6",
     "--norm-first --user-defined-symbols '<BT>' --user-defined-symbols '<FT>' --extra-train bt.en bt.de "
     "--dropout-rate 0.2 --seed 8",
+    "--norm-first --precision mixed_bfloat16 --dropout-rate 0.2 --seed 9",
 ])
 def test_card_command_reproduces_the_flags(script, flags):
     c = config(script, flags)
