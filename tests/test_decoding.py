@@ -177,6 +177,34 @@ def test_c20_finished_beams_stop_and_are_distinct():
         assert abs(want - score) < 1e-4
 
 
+class LogProbParts(ScriptedParts):
+    """`ScriptedParts` whose steps are declared log-probabilities
+    (`returns_log_probs`, as an ensemble's are): the searches must sum them
+    as given, not log-softmax them again. Its rows are the log-softmax of
+    `ScriptedParts.table` shifted by 1, so a second normalization would
+    move every score by 1 a token."""
+
+    returns_log_probs = True
+
+    def __init__(self):
+        super().__init__()
+        table = self.table
+        self.table = table - np.log(np.exp(table).sum(-1, keepdims=True)) + 1.0
+
+
+def test_parts_that_return_log_probs_are_not_normalized_again():
+    parts = LogProbParts()
+    source = np.ones((1, 1), "int32")
+    tokens, scores = greedy_search(parts, source, start_id=START, end_id=END)
+    row = list(to_numpy(tokens)[0])
+    row = row[: row.index(END) + 1]
+    assert row == [4, 5, 6, END]
+    want = sum(parts.table[t, token] for t, token in enumerate(row))  # 4 tokens: 4 more than normalized
+    assert abs(float(to_numpy(scores).reshape(-1)[0]) - want) < 1e-4
+    _, beam_scores = beam_search(parts, source, start_id=START, end_id=END, beam_size=2, length_penalty=0.0)
+    assert abs(float(to_numpy(beam_scores).reshape(-1)[0]) - want) < 1e-4
+
+
 class MarkovParts(ScriptedParts):
     """A fake model whose logits depend on the step and the last token
     only, `table[step, last_token]` (`(target_sequence_length, vocab, vocab)`).

@@ -57,6 +57,10 @@ class EnsembleParts:
     (1, 4)
     """
 
+    # `decode_step` returns normalized log-probabilities, which the searches
+    # take as they are (a `TransformerParts` returns logits).
+    returns_log_probs = True
+
     def __init__(self, members, pad_id=0, growing_cache=False):
         members = [
             m if isinstance(m, TransformerParts) else TransformerParts(m, pad_id=pad_id, growing_cache=growing_cache)
@@ -147,8 +151,8 @@ class EnsembleParts:
 
         Returns:
             `(log_probs (batch, vocab) float32, new self_caches)`: the log
-            of the members' mean distribution (normalized, so the search's
-            log-softmax leaves it as it is).
+            of the members' mean distribution (normalized: the searches
+            take it as it is, `returns_log_probs`).
 
         Raises:
             ValueError: for `return_attention_scores=True`.

@@ -103,6 +103,9 @@ class TransformerParts:
             without a tied output projection or has another shape.
     """
 
+    # `decode_step` returns logits, which the searches log-softmax.
+    returns_log_probs = False
+
     def __init__(self, model, pad_id=0, growing_cache=False, output_kernel=None):
         model = as_transformer(model)
         if int(pad_id) != model.pad_id:

@@ -147,7 +147,10 @@ def dynamic_decode(
             last, t, unflatten_caches(caches), unflatten_caches(cross), encoder_outputs_mask,
             weights=weights, beams_per_source=k, **attention_setting,
         )
-        log_probs = ops.reshape(ops.log_softmax(outputs[0], axis=-1), (-1, k, vocab))
+        # Parts that return log-probabilities already (an ensemble's mean
+        # distribution) are not normalized a second time.
+        scores = outputs[0] if getattr(parts, "returns_log_probs", False) else ops.log_softmax(outputs[0], axis=-1)
+        log_probs = ops.reshape(scores, (-1, k, vocab))
         attention = outputs[2] if return_attention_scores else None
         tokens, parent, state = strategy.step(
             t, log_probs, state, ops.greater_equal(t + 1, limits), end_id, pad_id, blocked, attention
