@@ -255,18 +255,18 @@ def _check_search_flags(args):
 
 class _Serve:
     """A translator's `(batch,) tf.string -> (batch,) tf.string` function
-    that also counts the sources longer than the model's source limit
-    (`truncated`), which are cut to it."""
+    that also counts the sources longer than the model's source limit,
+    which are cut to it, and those with characters its vocabulary lacks
+    (`report`, a `source_notices.SourceReport`)."""
 
     def __init__(self, translator):
+        from keras_transformer.source_notices import SourceReport
+
         self.translator = translator
-        self.limit = translator.source_sequence_length
-        self.truncated = 0
+        self.report = SourceReport(translator.source_sequence_length)
 
     def __call__(self, batch):
-        from keras_transformer.translator import count_truncated
-
-        self.truncated += count_truncated(self.translator.src_tokenizer, self.limit, batch)
+        self.report.add(self.translator.src_tokenizer, batch)
         return self.translator.serve(batch)["translation"]
 
 
@@ -276,13 +276,11 @@ def _translate_fn(args):
     return _Serve(_translator_object(args))
 
 
-def _report_truncated(serve, total):
-    """Say on stderr how many of `total` sources `serve` had to cut."""
-    count = getattr(serve, "truncated", 0)
-    if count:
-        from keras_transformer.translator import truncation_message
-
-        print(f"keras-transformer: {truncation_message(count, total, serve.limit)}", file=sys.stderr)
+def _report_sources(report, total):
+    """Say on stderr what `report` (a `SourceReport`) found in `total`
+    sources: those cut to the source limit, those with unknown characters."""
+    for message in report.messages(total):
+        print(f"keras-transformer: {message}", file=sys.stderr)
 
 
 def _translator(args, set_threads=False):
@@ -465,7 +463,7 @@ def cmd_evaluate(args):
     with contextlib.redirect_stdout(sys.stderr):
         serve = _translate_fn(args)
         scores = evaluate_files(serve, args.src, args.ref, args.batch_size, args.limit, args.output)
-    _report_truncated(serve, scores["num_segments"])
+    _report_sources(serve.report, scores["num_segments"])
     print(json.dumps(scores, indent=2))
 
 
@@ -511,9 +509,13 @@ def cmd_translate(args):
 
         for line in translate_lines(serve, lines, batch_size=args.batch_size):
             print(line)
-        _report_truncated(serve, len(lines))
+        _report_sources(serve.report, len(lines))
         return
-    found = _translator_object(args).translate_n_best(lines, args.n_best, batch_size=args.batch_size)
+    from keras_transformer.source_notices import SourceReport
+    from keras_transformer.translator import translate_n_best
+
+    translator = _translator_object(args)
+    found = translate_n_best(translator.serve_n_best, lines, args.n_best, batch_size=args.batch_size)
     for index, (source, hypotheses) in enumerate(zip(lines, found)):
         if args.format == "jsonl":
             print(json.dumps({"source": source, "translations": [t for t, _ in hypotheses],
@@ -525,6 +527,10 @@ def cmd_translate(args):
         prefix = f"{index}\t" if args.n_best > 1 else ""
         for translation, score in hypotheses:
             print(prefix + (f"{score:.4f}\t{translation}" if args.scores else translation))
+    report = SourceReport(translator.source_sequence_length)
+    if lines:
+        report.add(translator.src_tokenizer, lines)
+    _report_sources(report, len(lines))
 
 
 def cmd_export(args):

@@ -9,7 +9,7 @@ import numpy as np
 from keras_transformer.config import check_saved_model_folder
 from keras_transformer.translator import translate_lines
 from keras_transformer.translator import translate_n_best
-from keras_transformer.translator import warn_if_truncated
+from keras_transformer.source_notices import warn_about_sources
 
 
 def exported_parallel_searches(path):
@@ -144,18 +144,24 @@ class SavedModelTranslator:
 
     def translate_lines(self, lines, batch_size=64, progress=False):
         """Translate a list of `str`; see `translator.translate_lines`. Warns
-        (`UserWarning`) when sources were longer than the model takes."""
+        (`UserWarning`, `keras_transformer.source_notices`) when sources
+        were longer than the model takes or had characters its vocabulary
+        lacks."""
         if hasattr(lines, "__next__"):  # read once, for both
             lines = list(lines)
         translations = translate_lines(lambda batch: self.serve(batch)["translation"], lines,
                                        batch_size, progress)
-        warn_if_truncated(self, lines)
+        warn_about_sources(self, lines)
         return translations
 
     def translate_n_best(self, lines, n, batch_size=64, distinct=True):
         """`n` best translations with scores, each text once with `distinct`;
-        see `translator.translate_n_best`."""
-        return translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
+        see `translator.translate_n_best`. Warns as `translate_lines` does."""
+        if hasattr(lines, "__next__"):
+            lines = list(lines)
+        found = translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
+        warn_about_sources(self, lines)
+        return found
 
 
 def load_translator(path, checkpoint="best", **decoding):

@@ -16,6 +16,7 @@ from keras_transformer.decoding.ensemble import EnsembleParts
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.decoding.model_parts import transposed_output_table as transposed_output_table_of
 from keras_transformer.precision import compute_dtype
+from keras_transformer.source_notices import warn_about_sources
 from keras_transformer.tokenizers.normalization import normalize_text
 from keras_transformer.validation import check_count
 from keras_transformer.models.conversion import as_transformer
@@ -430,19 +431,26 @@ class Translator(tf.Module):
 
     def translate_lines(self, lines, batch_size=64, progress=False):
         """Translate a list of `str`; see `translate_lines`. Warns
-        (`UserWarning`) when sources were longer than the model takes."""
+        (`UserWarning`, `keras_transformer.source_notices`) when sources
+        were longer than the model takes or had characters its vocabulary
+        lacks."""
         if hasattr(lines, "__next__"):  # read once, for both
             lines = list(lines)
         translations = translate_lines(
             lambda batch: self.serve(batch)["translation"], lines, batch_size, progress
         )
-        warn_if_truncated(self, lines)
+        warn_about_sources(self, lines)
         return translations
 
     def translate_n_best(self, lines, n, batch_size=64, distinct=True):
         """The `n <= beam_size` best translations of each `str` with their
-        scores, each text once with `distinct`; see `translate_n_best`."""
-        return translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
+        scores, each text once with `distinct`; see `translate_n_best`.
+        Warns as `translate_lines` does."""
+        if hasattr(lines, "__next__"):
+            lines = list(lines)
+        found = translate_n_best(self.serve_n_best, lines, n, batch_size, distinct)
+        warn_about_sources(self, lines)
+        return found
 
     def serve_n_best(self, text):
         """`translate_n_best`: `text` (batch,) -> `{"translations",
@@ -522,43 +530,6 @@ def _by_length(rows_of, lines, batch_size, progress):
         if bar is not None:
             bar.add(len(chunk))
     return results
-
-
-def count_truncated(tokenizer, limit, texts):
-    """How many of `texts` the source limit cuts: those of more than
-    `limit - 1` subword pieces (the end token takes the last position).
-
-    Args:
-        tokenizer: the source `SubwordTokenizer`.
-        limit: int, the encoder's `sequence_length`; None counts none.
-        texts: `tf.string` `(batch,)`.
-
-    Returns:
-        int.
-    """
-    if not limit or texts.shape[0] == 0:
-        return 0
-    lengths = tokenizer.tokenize(texts).row_lengths()
-    return int(tf.reduce_sum(tf.cast(lengths > limit - 1, tf.int32)))
-
-
-def truncation_message(count, total, limit):
-    """What the command line prints, and `translate_lines` warns, when
-    `count` of `total` sources were cut to `limit - 1` pieces."""
-    return (f"{count} of {total} sentences are longer than the model's source limit of "
-            f"{limit - 1} subword pieces; only their first {limit - 1} pieces were translated. "
-            "Split long sentences to translate them whole.")
-
-
-def warn_if_truncated(translator, lines):
-    """A `UserWarning` when the translator's source limit cut any of
-    `lines` (list of `str`), as the command line says on stderr."""
-    limit = translator.source_sequence_length
-    if not limit or not lines:  # nothing to count (and no tokenizer to rebuild)
-        return
-    count = count_truncated(translator.src_tokenizer, limit, tf.constant(lines, tf.string))
-    if count:
-        warnings.warn(truncation_message(count, len(lines), limit), stacklevel=3)
 
 
 def translate_lines(serve, lines, batch_size=64, progress=False):
