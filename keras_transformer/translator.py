@@ -2,7 +2,6 @@
 
 import math
 import sys
-import warnings
 
 import keras
 import numpy as np
