@@ -277,9 +277,10 @@ def _translate_fn(args):
 
 
 def _report_sources(report, total):
-    """Say on stderr what `report` (a `SourceReport`) found in `total`
-    sources: those cut to the source limit, those with unknown characters."""
-    for message in report.messages(total):
+    """Say on stderr what `report` (a `SourceReport`; None: nothing)
+    found in `total` sources: those cut to the source limit, those with
+    unknown characters."""
+    for message in report.messages(total) if report is not None else ():
         print(f"keras-transformer: {message}", file=sys.stderr)
 
 
@@ -448,6 +449,12 @@ def cmd_evaluate(args):
     from keras_transformer.languages import check_same_direction
 
     check_files(args.src, args.ref)  # before the model load, which takes seconds
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if os.path.isdir(args.output) or not os.path.isdir(folder):
+            raise ValueError(f"--output {args.output}: " + ("is a folder; name a file to write the translations to."
+                             if os.path.isdir(args.output) else f"the folder {folder} does not exist; create it "
+                             "or write the translations elsewhere."))
     if args.saved_model:  # the flag and folder errors first: they say more than a language check would
         _check_saved_model_args(args)
         check_saved_model_folder(args.saved_model)
@@ -463,7 +470,7 @@ def cmd_evaluate(args):
     with contextlib.redirect_stdout(sys.stderr):
         serve = _translate_fn(args)
         scores = evaluate_files(serve, args.src, args.ref, args.batch_size, args.limit, args.output)
-    _report_sources(serve.report, scores["num_segments"])
+    _report_sources(getattr(serve, "report", None), scores["num_segments"])
     print(json.dumps(scores, indent=2))
 
 
@@ -482,10 +489,11 @@ def cmd_translate(args):
                       "of a file; it is translated as text. To translate the file's lines, pass "
                       f"it on stdin: keras-transformer translate ... < {shlex.quote(line)}",
                       file=sys.stderr)
-        if len(lines) > 1 and not any(" " in line.strip() for line in lines):
+        words = [line.strip() for line in lines if line.strip()]
+        if len(words) > 1 and not any(" " in word for word in words):
             print(f"keras-transformer translate: {len(lines)} arguments, each translated as its own "
                   "sentence; to translate one sentence, quote it: "
-                  f"keras-transformer translate ... {shlex.quote(' '.join(lines))}", file=sys.stderr)
+                  f"keras-transformer translate ... {shlex.quote(' '.join(words))}", file=sys.stderr)
     else:
         from keras_transformer.data.text_files import read_text_lines
 
@@ -509,7 +517,7 @@ def cmd_translate(args):
 
         for line in translate_lines(serve, lines, batch_size=args.batch_size):
             print(line)
-        _report_sources(serve.report, len(lines))
+        _report_sources(getattr(serve, "report", None), len(lines))
         return
     from keras_transformer.source_notices import SourceReport
     from keras_transformer.translator import translate_n_best
@@ -610,7 +618,7 @@ def cmd_demo(args):
 
     from keras_transformer.data.synthetic import write_synthetic_corpus
     from keras_transformer.export import export_translator
-    from keras_transformer.training import TrainingConfig, train
+    from keras_transformer.training import TrainingConfig, load_run, train
     from keras_transformer.translator import Translator
 
     if keras.backend.backend() != "tensorflow":
@@ -642,9 +650,13 @@ def cmd_demo(args):
         epochs=args.epochs, warmup_steps=300, lr_scale=1.0,
     )
     print("[2/4] Training a tiny Transformer with model.fit")
-    model, src, tgt = train(config, verbose=2)
+    train(config, verbose=2)
+    # The checkpoint with the best val loss, which `translate --run` and
+    # `export` read by default: the demo's scores, its export and the
+    # suggested commands are one model.
+    model, src, tgt, _ = load_run(config.output_dir, which="best")
     translator = Translator(model, src, tgt, beam_size=4)
-    print("[3/4] Evaluating on the generated validation set")
+    print("[3/4] Evaluating the best checkpoint (by val loss) on the generated validation set")
     with contextlib.redirect_stdout(sys.stderr):  # the progress bar, as `evaluate` shows it
         scores = evaluate_files(lambda batch: translator.serve(batch)["translation"], config.val_src,
                                 config.val_tgt)

@@ -325,6 +325,11 @@ def check_saved_model_folder(path):
             f"--run {path} instead of --saved-model (or to kt.load_translator), or export "
             f"it first: keras-transformer export --run {path} --output DIR."
         )
+    if os.path.isfile(path) and os.path.exists(os.path.join(os.path.dirname(os.path.abspath(path)), "saved_model.pb")):
+        folder = os.path.dirname(path) or "."
+        raise FileNotFoundError(
+            f"{path} is a file of the SavedModel folder {folder}; pass the folder: --saved-model {folder}."
+        )
     raise FileNotFoundError(
         f"{path} is not a SavedModel folder (no saved_model.pb); pass a folder "
         "written by `keras-transformer export`, e.g. saved_models/multi30k-en-de."

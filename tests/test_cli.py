@@ -225,6 +225,35 @@ def test_demo_refuses_to_resume_a_run_on_a_corpus_of_another_size(tmp_path, caps
     assert (out / "data" / "train.en").read_text() == "a\nb\nc\n"
 
 
+def test_demo_scores_and_exports_the_checkpoint_translate_run_reads(tmp_path, capsys):
+    """The demo scored and exported its last epoch while `translate --run`
+    and `evaluate --run`, which its closing line suggests, read the best
+    checkpoint: two models under one name (a new-user trial). Here the
+    best checkpoint is made an older one and the demo run again."""
+    import shutil
+
+    out = tmp_path / "demo"
+    run, data = out / "run", out / "data"
+    main(["demo", "--output-dir", str(out), "--epochs", "1", "--train-pairs", "300"])
+    shutil.copy(run / "best.keras", tmp_path / "epoch1.keras")
+    main(["demo", "--output-dir", str(out), "--epochs", "2", "--train-pairs", "300"])
+    shutil.copy(tmp_path / "epoch1.keras", run / "best.keras")  # best: epoch 1; last: epoch 2
+    capsys.readouterr()
+    main(["demo", "--output-dir", str(out), "--epochs", "2", "--train-pairs", "300"])
+    printed = float(re.search(r"BLEU ([0-9.]+)", capsys.readouterr().out).group(1))
+    scores, hypotheses = {}, {}
+    for name, which in (("best", ["--run", str(run)]), ("last", ["--run", str(run), "--checkpoint", "last"]),
+                        ("export", ["--saved-model", str(out / "saved_model")])):
+        output = tmp_path / f"{name}.txt"
+        main(["evaluate", *which, "--src", str(data / "val.en"), "--ref", str(data / "val.de"),
+              "--output", str(output)])
+        scores[name] = json.loads(capsys.readouterr().out)["bleu"]
+        hypotheses[name] = output.read_text(encoding="utf-8")
+    assert hypotheses["last"] != hypotheses["best"]  # the two checkpoints translate differently
+    assert hypotheses["export"] == hypotheses["best"]
+    assert round(scores["best"], 1) == printed
+
+
 def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
     from keras_transformer.training import TrainingConfig, train
     from keras_transformer.translator import translate_lines
@@ -505,6 +534,14 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
               "--ref", str(tmp_path / "typo.de")])
     assert info.value.code == 1
     assert "typo.en is not a file" in capsys.readouterr().err
+    # An --output that cannot be written is refused before the load too.
+    for output, says in ((tmp_path / "no-folder" / "out.txt", "no-folder does not exist; create it"),
+                         (tmp_path, "is a folder; name a file")):
+        with pytest.raises(SystemExit) as info:
+            main(["evaluate", "--run", str(tmp_path / "no-run"), "--src", __file__, "--ref", __file__,
+                  "--output", str(output)])
+        assert info.value.code == 1
+        assert says in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
@@ -521,6 +558,17 @@ def test_saved_model_refuses_the_run_only_decoding_options(tmp_path, capsys, ext
         assert info.value.code == 1
         err = capsys.readouterr().err
         assert extra[0] in err and "applies to --run and --ensemble only" in err, err
+
+
+def test_saved_model_pb_given_for_its_folder_names_the_folder(capsys):
+    """`--saved-model DIR/saved_model.pb` said "is not a SavedModel folder
+    (no saved_model.pb)" of the very file (a new-user trial)."""
+    shipped = os.path.join(os.path.dirname(__file__), "..", "saved_models", "multi30k-en-de")
+    with pytest.raises(SystemExit) as info:
+        main(["translate", "--saved-model", os.path.join(shipped, "saved_model.pb"), "A dog."])
+    assert info.value.code == 1
+    assert f"is a file of the SavedModel folder {shipped}; pass the folder: --saved-model {shipped}." in (
+        capsys.readouterr().err)
 
 
 def _echo_translate(monkeypatch, stdin_bytes):
@@ -555,6 +603,18 @@ def test_a_file_name_as_text_is_translated_with_a_hint_to_use_stdin(monkeypatch,
     assert captured.out.split("\n") == ["A dog.", str(path), ""]
     assert "text argument 2" in captured.err and "pass it on stdin" in captured.err
     assert "text argument 1" not in captured.err
+
+
+def test_the_quote_hint_leaves_out_blank_arguments(monkeypatch, capsys):
+    """`translate "A" "dog" ""` suggested `'A dog '`; blank arguments are
+    left out of the suggestion, and one word beside a blank gets no hint."""
+    import keras_transformer.cli as cli
+
+    monkeypatch.setattr(cli, "_translate_fn", lambda args: lambda batch: batch)
+    main(["translate", "--saved-model", "unused", "A", "dog", ""])
+    assert "quote it: keras-transformer translate ... 'A dog'\n" in capsys.readouterr().err
+    main(["translate", "--saved-model", "unused", "Dog", " "])
+    assert "quote it" not in capsys.readouterr().err
 
 
 def test_non_utf8_stdin_and_arguments_are_clear_errors(monkeypatch, capsys):
