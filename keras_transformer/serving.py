@@ -19,10 +19,15 @@ TEXT_SPEC = tf.TensorSpec(None, tf.string, name="text")
 
 
 def as_batch(text):
-    """A `tf.string` tensor of rank 0 or 1 as a `(batch,)` vector.
+    """A `tf.string` tensor of rank 0 or 1 of UTF-8 text as a `(batch,)`
+    vector.
 
     Raises:
-        tf.errors.InvalidArgumentError: (in the graph) for rank 2 or more.
+        tf.errors.InvalidArgumentError: (in the graph) for rank 2 or more,
+            or for elements that are not valid UTF-8 (their indices in the
+            batch are in the message). Such bytes, from a client that sends
+            Latin-1 say, would otherwise reach the tokenizer as U+FFFD and
+            be translated without them.
     """
     check = tf.debugging.assert_less_equal(
         tf.rank(text),
@@ -30,7 +35,17 @@ def as_batch(text):
         message="`text` must be a string or a 1-D batch of strings; flatten it first",
     )
     with tf.control_dependencies([check]):
-        return tf.reshape(text, [-1])
+        batch = tf.reshape(text, [-1])
+    valid = tf.equal(
+        tf.strings.unicode_transcode(batch, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD), batch
+    )
+    utf8 = tf.debugging.Assert(
+        tf.reduce_all(valid),
+        ["`text` must be UTF-8; encode it as UTF-8 (not Latin-1 or another encoding). "
+         "Elements at these batch indices are not valid UTF-8:", tf.where(tf.logical_not(valid))[:, 0]],
+    )
+    with tf.control_dependencies([utf8]):
+        return tf.identity(batch)
 
 
 # Same for the id signature: a row `(length,)` is a batch of one.

@@ -177,6 +177,24 @@ def test_c17_saved_signatures_take_a_scalar_and_refuse_a_matrix_clearly(exported
         serve(text=tf.constant([["A dog runs."]]))
 
 
+def test_string_signatures_refuse_bytes_that_are_not_utf8(exported):
+    """A client that sent Latin-1 (b"Caf\\xe9") got a translation of
+    "Caf\\ufffd": the byte became U+FFFD in the graph and the word was
+    translated without it. Both string signatures now name the elements;
+    valid UTF-8, U+FFFD itself included, translates as before."""
+    translators, paths = exported
+    loaded = tf.saved_model.load(paths["beam"])
+    latin1 = tf.constant(["A dog.", "Caf\xe9 au lait".encode("latin-1"), b"ok \xed\xa0\x80"])
+    for name in ("serving_default", "translate_n_best"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"must be UTF-8.*not valid UTF-8:.*\[1 2\]"):
+            loaded.signatures[name](text=latin1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be UTF-8"):
+        translators["beam"](tf.constant(b"\xff"))
+    fine = ["Café au lait", "a \ufffd b", "ein Hund"]
+    out = loaded.signatures["serving_default"](text=tf.constant(fine))["translation"].numpy()
+    assert list(out) == list(translators["beam"](fine).numpy())
+
+
 def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
     """`translate_ids`: one row of ids (rank 1) is a batch of one with the
     batch's answer; a scalar, rank 3, an id past the vocabulary, a
