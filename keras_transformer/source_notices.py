@@ -115,6 +115,8 @@ def warn_about_sources(translator, lines):
     if not lines:  # nothing to count (and no tokenizer to rebuild)
         return
     report = SourceReport(translator.source_sequence_length)
-    report.add(translator.src_tokenizer, list(lines))
+    lines = list(lines)
+    for start in range(0, len(lines), 4096):
+        report.add(translator.src_tokenizer, lines[start:start + 4096])
     for message in report.messages(len(lines)):
         warnings.warn(message, stacklevel=3)
