@@ -536,8 +536,7 @@ def cmd_translate(args):
         for translation, score in hypotheses:
             print(prefix + (f"{score:.4f}\t{translation}" if args.scores else translation))
     report = SourceReport(translator.source_sequence_length)
-    for start in range(0, len(lines), 4096):
-        report.add(translator.src_tokenizer, lines[start:start + 4096])
+    report.add(translator.src_tokenizer, lines)
     _report_sources(report, len(lines))
 
 

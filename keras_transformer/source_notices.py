@@ -28,6 +28,8 @@ from keras_transformer.tokenizers.subword_tokenizer import UNK_ID
 
 # The unknown characters a message names; the rest are counted.
 SHOWN_CHARACTERS = 10
+# Lines tokenized at once when a list is counted.
+CHUNK = 4096
 
 
 def unknown_characters(tokenizer, texts):
@@ -72,9 +74,13 @@ class SourceReport:
 
         Args:
             tokenizer: the source `SubwordTokenizer`.
-            texts: `tf.string` `(batch,)` or list of `str`.
+            texts: `tf.string` `(batch,)`, or a list of `str` of any
+                length (tokenized in chunks of `CHUNK` lines).
         """
-        texts = tf.constant(texts, tf.string) if isinstance(texts, (list, tuple)) else texts
+        if isinstance(texts, (list, tuple)):
+            for start in range(0, len(texts), CHUNK):
+                self.add(tokenizer, tf.constant(list(texts[start:start + CHUNK]), tf.string))
+            return
         if texts.shape[0] == 0:
             return
         ids = tokenizer.tokenize(texts)
@@ -115,8 +121,6 @@ def warn_about_sources(translator, lines):
     if not lines:  # nothing to count (and no tokenizer to rebuild)
         return
     report = SourceReport(translator.source_sequence_length)
-    lines = list(lines)
-    for start in range(0, len(lines), 4096):
-        report.add(translator.src_tokenizer, lines[start:start + 4096])
+    report.add(translator.src_tokenizer, list(lines))
     for message in report.messages(len(lines)):
         warnings.warn(message, stacklevel=3)

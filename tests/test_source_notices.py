@@ -45,6 +45,16 @@ def test_report_counts_cut_and_unknown_sources(shipped):
     assert clean.messages(2) == []
 
 
+def test_lists_are_counted_in_chunks(shipped, monkeypatch):
+    import keras_transformer.source_notices as notices
+
+    monkeypatch.setattr(notices, "CHUNK", 2)
+    report = SourceReport(shipped.source_sequence_length)
+    report.add(shipped.src_tokenizer, ["A dog.", "🐶", LONG, "", "Ein 🐶 и ❄."])
+    assert (report.truncated, report.with_unknown) == (1, 2)
+    assert report.characters == ["🐶", "и", "❄"]
+
+
 def test_long_character_lists_are_shortened(shipped):
     report = SourceReport(None)
     report.add(shipped.src_tokenizer, ["Съешь же ещё этих мягких французских булок, да выпей чаю"])
