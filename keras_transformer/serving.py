@@ -52,7 +52,7 @@ def as_batch(text):
 IDS_SPEC = tf.TensorSpec(None, tf.int32, name="source_ids")
 
 
-def as_id_batch(source_ids, vocab_size, end_id, pad_id):
+def as_id_batch(source_ids, vocab_size, end_id, pad_id, start_id=None):
     """An int32 id tensor of rank 1 or 2 as a `(batch, length)` matrix.
 
     Raises:
@@ -61,7 +61,10 @@ def as_id_batch(source_ids, vocab_size, end_id, pad_id):
             `[0, vocab_size)`, or for a row whose last id before the
             padding (`pad_id`) is not `end_id` (the encoder was trained on
             sources that end with it; without it the translation runs on to
-            the length limit).
+            the length limit), padding before a row's end id, a second end
+            id, or `start_id` (given: the encoder never reads it). A row is
+            the source's pieces, then `end_id`, then only padding; a row of
+            padding alone is a blank source.
     """
     rank = tf.rank(source_ids)
     checks = [
@@ -101,7 +104,23 @@ def as_id_batch(source_ids, vocab_size, end_id, pad_id):
          f"piece (then padding with {pad_id}): append it to the ids of each "
          "source, as the export's SentencePiece model gives them"],
     )
-    with tf.control_dependencies([in_range, non_negative, ends]):
+    layout = ("`source_ids` rows must be the source's pieces, then the end id "
+              f"{end_id}, then only padding ({pad_id}): ")
+    no_gap = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(tf.logical_and(tf.equal(padded, pad_id), positions < last[:, None]))),
+        [layout + "a row has padding before its end id"],
+    )
+    one_end = tf.debugging.Assert(
+        tf.reduce_all(tf.reduce_sum(tf.cast(tf.equal(batch, end_id), tf.int32), axis=1) <= 1),
+        [layout + "a row has a second end id; give one source a row"],
+    )
+    checks = [in_range, non_negative, ends, no_gap, one_end]
+    if start_id is not None:
+        checks.append(tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(tf.equal(batch, start_id))),
+            [layout + f"a row holds the start id {start_id}, which sources never hold; drop it"],
+        ))
+    with tf.control_dependencies(checks):
         return tf.identity(batch)
 
 
@@ -175,11 +194,14 @@ class ServingSignatures(tf.Module):
 
         Raises:
             tf.errors.InvalidArgumentError: for rank 0 or 3+, an id
-                outside `[0, source vocab_size)`, or a row that does not end
-                with `end_id` before its padding, before decoding starts.
+                outside `[0, source vocab_size)`, a row that does not end
+                with `end_id` before its padding, padding before a row's
+                end id, a second end id, or `start_id` in a row, before
+                decoding starts.
         """
         tokenizer = self.translator.src_tokenizer
-        source_ids = as_id_batch(source_ids, tokenizer.vocab_size, tokenizer.end_id, tokenizer.pad_id)
+        source_ids = as_id_batch(source_ids, tokenizer.vocab_size, tokenizer.end_id, tokenizer.pad_id,
+                                 start_id=tokenizer.start_id)
         source_ids = self.translator._clip_source(source_ids)
         tokens, scores = self.translator.translate_ids(source_ids)
         tokens, scores = tokens[:, 0], scores[:, 0]

@@ -507,7 +507,9 @@ def _check_lines(lines, batch_size):
         if not isinstance(line, str):
             raise TypeError(
                 f"translate_lines takes sentences as str; item {i} is "
-                f"{type(line).__name__} ({line!r:.40}). Pass '' for an empty line."
+                f"{type(line).__name__} ({line!r:.40}). "
+                + ("Decode bytes first: line.decode('utf-8')." if isinstance(line, bytes)
+                   else "Pass '' for an empty line.")
             )
     return lines
 

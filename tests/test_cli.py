@@ -263,7 +263,7 @@ def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
     # Items that are not str say which one; any iterable of str is taken.
     with pytest.raises(TypeError, match="item 1 is NoneType"):
         translate_lines(lambda batch: batch, ["a", None])
-    with pytest.raises(TypeError, match="item 0 is bytes"):
+    with pytest.raises(TypeError, match=r"item 0 is bytes .*Decode bytes first"):
         translate_lines(lambda batch: batch, [b"a"])
     assert translate_lines(lambda batch: batch, (s for s in ["bb", "a"])) == ["bb", "a"]
     with pytest.raises(ValueError, match="`epochs` must be a positive integer; got 0"):

@@ -223,6 +223,10 @@ def test_id_signature_takes_a_row_and_refuses_bad_ids_clearly(exported):
         (tf.constant([[5, -1, 3]]), "must not be negative"),
         (tf.constant([[5, 6, 7]]), "rows must end with the end id 3"),
         (tf.constant([[5, 6, 3, 0], [5, 6, 0, 0]]), "rows must end with the end id 3"),
+        # Found by a new-user trial: these decoded with ordinary scores.
+        (tf.constant([[5, 0, 6, 3]]), "padding before its end id"),
+        (tf.constant([[5, 3, 6, 3]]), "a second end id"),
+        (tf.constant([[2, 5, 3]]), "the start id 2"),
     ]:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             by_ids(source_ids=bad)
