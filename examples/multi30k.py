@@ -295,7 +295,7 @@ def refresh_card(out, m, card):
                   f"| val (1,014) | {v['bleu']:.2f} | {v['bleu_lowercase']:.2f} | {v['chrf']:.2f} |", card)
     note = ("\nExported again by `python examples/multi30k.py --pair " + m["pair"] + " refresh` with this "
             "version of the library: the same weights and tokenizers, with this version's input "
-            "normalisation (NFC, Unicode spaces, invisible characters) and decoder; the figures above "
+            "normalisation (NFC, Unicode spaces, invisible and control characters) and decoder; the figures above "
             "are this SavedModel's.\n")
     card = card.replace("\n## Configuration", note + "\n## Configuration", 1) if "Exported again" not in card else card
     if m.get("searches_on_val"):

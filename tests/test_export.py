@@ -776,14 +776,14 @@ def test_text_that_reads_the_same_translates_the_same(exported):
     variants = []
     for text in plain:
         variants += [" " + text, text + " ", text.replace(" ", "  "), text.replace(" ", "\t", 1),
-                     text.replace(" ", "\u00a0"), "\ufeff" + text]
+                     text.replace(" ", "\u00a0"), "\ufeff" + text, text.replace(" ", "\x00 ", 1) + "\x7f"]
     loaded = tf.saved_model.load(paths["beam"]).signatures["serving_default"]
     for serve in (translators["beam"].serve, lambda batch: loaded(text=batch)):
-        want = [t for t in serve(tf.constant(plain))["translation"].numpy() for _ in range(6)]
+        want = [t for t in serve(tf.constant(plain))["translation"].numpy() for _ in range(7)]
         assert list(serve(tf.constant(variants))["translation"].numpy()) == want
-        blanks = serve(tf.constant(["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", ""]))
-        assert list(blanks["translation"].numpy()) == [b""] * 7
-        assert list(blanks["score"].numpy()) == [0.0] * 7
+        blanks = serve(tf.constant(["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", "", "\x00", "\x01\x9f"]))
+        assert list(blanks["translation"].numpy()) == [b""] * 9
+        assert list(blanks["score"].numpy()) == [0.0] * 9
 
 
 def test_the_language_pair_is_recorded_and_an_ensemble_of_two_directions_is_refused(exported, tmp_path):

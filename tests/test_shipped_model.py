@@ -92,6 +92,8 @@ def test_shipped_model_translates_whitespace_and_unicode_variants_alike(multi30k
         "doubled": lambda s: s.replace(" ", "  "), "tab": lambda s: s.replace(" ", "\t", 1),
         "no-break": lambda s: s.replace(" ", "\u00a0"), "nfd": lambda s: unicodedata.normalize("NFD", s),
         "bom": lambda s: "\ufeff" + s,
+        # A NUL or DEL made the model invent words ("Prühmmmm...") at an ordinary score.
+        "control": lambda s: s.replace(" ", "\x00 ", 1) + "\x7f",
     }
     serve = tf.saved_model.load(str(SHIPPED)).signatures["serving_default"]
 
@@ -101,7 +103,7 @@ def test_shipped_model_translates_whitespace_and_unicode_variants_alike(multi30k
     plain = translate(sentences)
     for name, change in variants.items():
         assert translate([change(s) for s in sentences]) == plain, name
-    blanks = ["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", ""]
+    blanks = ["\u00a0", "\u3000", "\u2003", "\u200b", "\ufeff", " ", "", "\x00", "\x01\x9f"]
     assert translate(blanks) == [""] * len(blanks)
 
 
