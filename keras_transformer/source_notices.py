@@ -15,9 +15,16 @@ expect, so the command line says so on stderr and the Python translators
 
 Example:
 >>> from keras_transformer.source_notices import SourceReport
->>> report = SourceReport(limit=64)
->>> report.messages(total=3)
-[]
+>>> from keras_transformer.tokenizers import train_subword_tokenizer
+>>> tokenizer = train_subword_tokenizer(["a dog runs in the snow"] * 20, vocab_size=30)
+>>> report = SourceReport(limit=16)  # 15 pieces and the end token
+>>> report.add(tokenizer, ["a dog runs", "a dog \N{DOG} runs in the snow", "the snow"])
+>>> report.truncated, report.with_unknown, report.characters
+(1, 1, ['\N{DOG}'])
+>>> for message in report.messages(total=3):
+...     print(message)  # doctest: +ELLIPSIS
+1 of 3 sentences are longer than the model's source limit of 15 subword pieces; ...
+1 of 3 sentences have characters that the model's vocabulary lacks ('\N{DOG}'); ...
 """
 
 import warnings
