@@ -64,6 +64,10 @@ def _add_training_args(parser):
                              "every epoch: e.g. a model's translations of the training sources (knowledge "
                              "distillation) or back-translations of the targets; repeatable; the "
                              "tokenizers are trained on --train-src/--train-tgt alone")
+    # A --config file's list is the default these flags append to; --no-X
+    # empties it (a later --X then starts a new list).
+    parser.add_argument("--no-extra-train", dest="extra_train", action="store_const", const=[],
+                        help="drop the --extra-train pairs a --config file lists")
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
     parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")
@@ -129,6 +133,8 @@ def _add_training_args(parser):
                         help="a piece added to the vocabularies and never split (repeatable), e.g. a tag "
                              "'<BT>' written before each back-translated source line (tagged "
                              "back-translation, Caswell et al., 2019; BiT's reversed pairs drop it)")
+    parser.add_argument("--no-user-defined-symbols", dest="user_defined_symbols", action="store_const", const=[],
+                        help="drop the user-defined symbols a --config file lists")
     parser.add_argument("--shared-vocab", default=defaults.shared_vocab, **flag,
                         help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
     parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,

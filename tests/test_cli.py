@@ -807,6 +807,29 @@ def test_a_config_files_booleans_can_be_switched_either_way_by_flags(tmp_path, m
         assert [getattr(seen[-1], name) for name in names] == [not value] * 5
 
 
+def test_a_config_files_lists_can_be_extended_or_emptied_by_flags(tmp_path, monkeypatch):
+    """A --config file's `extra_train` and `user_defined_symbols` were lists
+    that flags could only append to: a run without the file's synthetic
+    pairs or tag needed another file."""
+    import keras_transformer.training as training
+
+    seen = []
+    monkeypatch.setattr(training, "train", lambda config, verbose=1: seen.append(config))
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"extra_train": [["x.en", "x.de"]], "user_defined_symbols": ["<BT>"]}))
+    files = ["train", "--train-src", "a.txt", "--train-tgt", "b.txt", "--config", str(config)]
+    main(files)
+    assert (seen[-1].extra_train, seen[-1].user_defined_symbols) == ([["x.en", "x.de"]], ["<BT>"])
+    main(files + ["--extra-train", "y.en", "y.de", "--user-defined-symbols", "<FT>"])
+    assert (seen[-1].extra_train, seen[-1].user_defined_symbols) == (
+        [["x.en", "x.de"], ["y.en", "y.de"]], ["<BT>", "<FT>"])
+    main(files + ["--no-extra-train", "--no-user-defined-symbols"])
+    assert (seen[-1].extra_train, seen[-1].user_defined_symbols) == ([], None)  # None: no symbols
+    main(files + ["--no-extra-train", "--extra-train", "y.en", "y.de", "--no-user-defined-symbols",
+                  "--user-defined-symbols", "<FT>"])
+    assert (seen[-1].extra_train, seen[-1].user_defined_symbols) == ([["y.en", "y.de"]], ["<FT>"])
+
+
 @pytest.mark.slow
 def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     """`train --config FILE` (YAML) takes the file's settings with flags on
