@@ -228,9 +228,17 @@ def test_a_keras_file_reloads_with_the_policy_it_was_built_under(tmp_path, saved
 
 
 def test_c27_ragged_last_batch_fit_with_jit_then_predict():
-    """C27: fit 2 steps with jit_compile on batches of 2 and 3, then predict."""
+    """C27: fit 2 steps with jit_compile on batches of 2 and 3, then predict.
+
+    The case is XLA's (a causal mask tiled by the dynamic batch size fails
+    under `jax.jit`): compiled on tensorflow and jax. On torch the ragged
+    batch is trained eagerly, as in `test_cross_backend.py`: there
+    jit_compile means `torch.compile`, whose tracing of Keras's torch
+    layers (over 200 graph breaks) took 6 minutes for this model alone on
+    a 2-core CPU and 23 beside the rest of the suite."""
     model = _compiled(small_model())
-    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), jit_compile=True)
+    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(),
+                  jit_compile=keras.backend.backend() != "torch")
     rng = np.random.default_rng(1)
     x = inputs(rng.integers(4, 30, (5, 6)), rng.integers(4, 40, (5, 5)))
     y = rng.integers(4, 40, (5, 5)).astype("int32")
