@@ -274,8 +274,6 @@ def read_saved_model(path):
     """
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel folder (no saved_model.pb).")
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
     from tensorflow.core.protobuf import saved_model_pb2
 
     try:
@@ -286,11 +284,10 @@ def read_saved_model(path):
     if "decoding" not in metadata or "special_ids" not in metadata:
         raise ValueError(f"{path} has no keras_transformer.json written by export_translator; read only "
                          "SavedModels exported by keras-transformer.")
-    loaded = tf.saved_model.load(path)
-    weights = {v.name.rsplit(":", 1)[0]: v.numpy() for v in loaded.variables}
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())
+    weights = _saved_variables(proto, path)
     src, tgt = (_sentencepiece_model(proto, name) for name in ("src_tokenizer", "tgt_tokenizer"))
     ids = dict(metadata.get("special_ids", {}))
     ids.setdefault("unk_id", 1)
@@ -308,6 +305,30 @@ def read_saved_model(path):
         raise ValueError(f"{path} was exported from a model with a custom feed-forward activation, "
                          "which cannot be rebuilt from the SavedModel; use its run folder.")
     return contents
+
+
+def _saved_variables(saved_model, path):
+    """`{name: NumPy value}` of every variable of the SavedModel at `path`
+    (`saved_model` its parsed `saved_model.pb`), read from its checkpoint
+    without loading its functions (`tf.saved_model.load` restores every
+    traced function first, which takes seconds).
+
+    Node i of the SavedModel's object graph is node i of the checkpoint's
+    object graph, whose `VARIABLE_VALUE` attribute names the tensor that
+    holds the variable's value (as `tf.saved_model.load` matches them).
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    weights = {}
+    for node, saved in zip(graph.nodes, saved_model.meta_graphs[0].object_graph_def.nodes):
+        if saved.WhichOneof("kind") == "variable":
+            key = next(a.checkpoint_key for a in node.attributes if a.name == "VARIABLE_VALUE")
+            weights[saved.variable.name] = reader.get_tensor(key)
+    return weights
 
 
 def _sentencepiece_model(saved_model, child):

@@ -94,6 +94,27 @@ def test_c15_ops_are_core_or_tensorflow_text(exported):
             assert json.load(f)["custom_ops"]["tensorflow_text"] == list(TENSORFLOW_TEXT_OPS)
 
 
+def test_read_saved_model_reads_the_variables_that_loading_restores(exported):
+    """`read_saved_model` reads the variables from the checkpoint without
+    restoring the SavedModel's functions (3.7 s against 0.12 s for the
+    shipped en-de): names and values are those of
+    `tf.saved_model.load(path).variables` (as float32), for float32 exports
+    and the float16-stored shipped model with its transposed output table."""
+    from keras_transformer.loading import read_saved_model
+
+    _, paths = exported
+    shipped = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "saved_models", "multi30k-en-de")
+    for path in [*paths.values(), shipped]:
+        want = {v.name.rsplit(":", 1)[0]: v.numpy() for v in tf.saved_model.load(path).variables}
+        got = read_saved_model(path).weights  # float32 arrays
+        assert sorted(got) == sorted(want) and len(want) > 10
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value.astype("float32"), err_msg=name)
+    assert any(name.endswith("output_kernel_transposed") for name in got)
+    assert {value.dtype for value in want.values()} == {np.dtype("float16")}  # the shipped model's
+
+
 def test_metadata_gives_the_declared_signature_shapes(exported):
     """`keras_transformer.json` states each output's declared shape (here
     `target_ids` is `[None, 12]`, the decoder's `sequence_length`), and the inputs
