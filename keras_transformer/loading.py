@@ -314,8 +314,12 @@ def _saved_variables(saved_model, path):
     traced function first, which takes seconds).
 
     Node i of the SavedModel's object graph is node i of the checkpoint's
-    object graph, whose `VARIABLE_VALUE` attribute names the tensor that
-    holds the variable's value (as `tf.saved_model.load` matches them).
+    object graph (the SavedModel's has more nodes after those), whose
+    `VARIABLE_VALUE` attribute names the tensor that holds the variable's
+    value (as `tf.saved_model.load` matches them).
+
+    Raises:
+        ValueError: for a variable the checkpoint does not hold.
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import trackable_object_graph_pb2
@@ -324,10 +328,15 @@ def _saved_variables(saved_model, path):
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     weights = {}
-    for node, saved in zip(graph.nodes, saved_model.meta_graphs[0].object_graph_def.nodes):
-        if saved.WhichOneof("kind") == "variable":
-            key = next(a.checkpoint_key for a in node.attributes if a.name == "VARIABLE_VALUE")
-            weights[saved.variable.name] = reader.get_tensor(key)
+    for i, saved in enumerate(saved_model.meta_graphs[0].object_graph_def.nodes):
+        if saved.WhichOneof("kind") != "variable":
+            continue
+        keys = [a.checkpoint_key for a in graph.nodes[i].attributes if a.name == "VARIABLE_VALUE"] \
+            if i < len(graph.nodes) else []
+        if not keys:
+            raise ValueError(f"{path}: the variable {saved.variable.name!r} of saved_model.pb is not in "
+                             "its checkpoint: saved_model.pb and variables/ do not belong together. Export it again.")
+        weights[saved.variable.name] = reader.get_tensor(keys[0])
     return weights
 
 
