@@ -319,7 +319,8 @@ def _saved_variables(saved_model, path):
     value (as `tf.saved_model.load` matches them).
 
     Raises:
-        ValueError: for a variable the checkpoint does not hold.
+        ValueError: for a variable the checkpoint does not hold, or holds
+            with another shape or dtype (`variables/` of another export).
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import trackable_object_graph_pb2
@@ -333,10 +334,17 @@ def _saved_variables(saved_model, path):
             continue
         keys = [a.checkpoint_key for a in graph.nodes[i].attributes if a.name == "VARIABLE_VALUE"] \
             if i < len(graph.nodes) else []
-        if not keys:
-            raise ValueError(f"{path}: the variable {saved.variable.name!r} of saved_model.pb is not in "
-                             "its checkpoint: saved_model.pb and variables/ do not belong together. Export it again.")
-        weights[saved.variable.name] = reader.get_tensor(keys[0])
+        value = reader.get_tensor(keys[0]) if keys else None
+        shape = None if saved.variable.shape.unknown_rank else [dim.size for dim in saved.variable.shape.dim]
+        fits = value is not None and value.dtype == tf.as_dtype(saved.variable.dtype) and (
+            shape is None or (len(shape) == value.ndim and all(a in (-1, b) for a, b in zip(shape, value.shape))))
+        if not fits:
+            found = "is not in its checkpoint" if value is None else (
+                f"is {tf.as_dtype(saved.variable.dtype).name} {shape} there but "
+                f"{value.dtype.name} {list(value.shape)} in its checkpoint")
+            raise ValueError(f"{path}: the variable {saved.variable.name!r} of saved_model.pb {found}: "
+                             "saved_model.pb and variables/ do not belong together. Export it again.")
+        weights[saved.variable.name] = value
     return weights
 
 

@@ -115,6 +115,24 @@ def test_read_saved_model_reads_the_variables_that_loading_restores(exported):
     assert {value.dtype for value in want.values()} == {np.dtype("float16")}  # the shipped model's
 
 
+@pytest.mark.parametrize("graph, variables", [("greedy", "tied"), ("tied", "greedy")])
+def test_read_saved_model_refuses_the_variables_of_another_export(exported, tmp_path, graph, variables):
+    """A SavedModel whose `variables/` come from another export (the tied
+    model has one table fewer, so the object graphs differ) is a clear
+    ValueError naming a variable, never weights read from the wrong tensors."""
+    import shutil
+
+    from keras_transformer.loading import read_saved_model
+
+    _, paths = exported
+    mixed = tmp_path / "mixed"
+    shutil.copytree(paths[graph], mixed)
+    shutil.rmtree(mixed / "variables")
+    shutil.copytree(os.path.join(paths[variables], "variables"), mixed / "variables")
+    with pytest.raises(ValueError, match=r"the variable '.+' of saved_model.pb .+ do not belong together"):
+        read_saved_model(str(mixed))
+
+
 def test_metadata_gives_the_declared_signature_shapes(exported):
     """`keras_transformer.json` states each output's declared shape (here
     `target_ids` is `[None, 12]`, the decoder's `sequence_length`), and the inputs
