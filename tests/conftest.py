@@ -42,16 +42,55 @@ def pytest_collection_modifyitems(session, config, items):
     ]
 
 
+def _on_tensorflow():
+    return os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
+
+
+def _is_xdist_worker(config):
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config):
+    """The process that runs the session (pytest-xdist's controller, or the
+    only process) names a folder for the jax and torch runs, made when they
+    start, in the environment that xdist workers inherit."""
+    if _on_tensorflow() and not _is_xdist_worker(config):
+        import tempfile
+        import uuid
+
+        from test_backends import RUNS_FOLDER_VARIABLE
+
+        os.environ[RUNS_FOLDER_VARIABLE] = os.path.join(
+            tempfile.gettempdir(), f"keras-transformer-backends-{uuid.uuid4().hex}"
+        )
+        config.backend_runs = None
+
+
+def _start_backend_runs(config, nodeids):
+    if config.backend_runs is not None or config.option.collectonly:
+        return
+    if not any(nodeid.split("::")[0].endswith("test_backends.py") for nodeid in nodeids):
+        return
+    from test_backends import RUNS_FOLDER_VARIABLE, start_backend_runs
+
+    folder = os.environ[RUNS_FOLDER_VARIABLE]
+    os.makedirs(folder, exist_ok=True)
+    config.backend_runs = start_backend_runs(folder)
+
+
 def pytest_collection_finish(session):
-    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
-        return
-    if not any(_runs_backends(item) for item in session.items) or session.config.option.collectonly:
-        return
-    import tempfile
+    """Without xdist: start the jax and torch runs once collection holds
+    `test_backends.py`."""
+    if _on_tensorflow() and not _is_xdist_worker(session.config):
+        _start_backend_runs(session.config, [item.nodeid for item in session.items])
 
-    from test_backends import start_backend_runs
 
-    session.config.backend_runs = start_backend_runs(tempfile.mkdtemp(prefix="backends-"))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """With pytest-xdist: the controller starts the jax and torch runs once,
+    when the first worker's collection holds `test_backends.py`."""
+    if _on_tensorflow():
+        _start_backend_runs(node.config, ids)
 
 
 def pytest_sessionfinish(session):

@@ -3,13 +3,18 @@
 Keras fixes its backend at import, so each backend runs in its own pytest
 process. Layers, model, decoding, losses, metrics and the schedule must
 pass on all three backends. The processes start right after collection
-(`conftest.py`) and run beside the tensorflow tests at a lower priority;
-these tests run last and wait for them.
+(`conftest.py`; with pytest-xdist, once, in the controller) and run beside
+the tensorflow tests at a lower priority; these tests run last and wait for
+them. Each run writes its output and, when it ends, its exit status to files
+in one folder, so that the test that waits for it may run in another process
+than the one that started it.
 """
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -30,61 +35,87 @@ NEUTRAL_FILES = [
 BACKENDS = ["jax", "torch"]
 
 
+# The folder of the runs this session started; set by `conftest.py` before
+# any xdist worker starts, so the workers inherit it.
+RUNS_FOLDER_VARIABLE = "KERAS_TRANSFORMER_TEST_BACKEND_RUNS"
+
+# Runs one command, then writes its exit status to the file named first.
+_STATUS_WRITER = (
+    "import subprocess, sys\n"
+    "status = subprocess.call(sys.argv[2:])\n"
+    "open(sys.argv[1] + '.tmp', 'w').write(str(status))\n"
+    "import os; os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+)
+
+
 def start_backend_runs(folder):
     """Start one pytest process per backend over `NEUTRAL_FILES`, at a lower
-    CPU priority, writing to files in `folder` (so that neither blocks on a
-    full pipe). `conftest.py` calls this as soon as collection ends, so the
-    runs use the cores the tensorflow tests leave idle; the tests below,
-    which pytest runs last, wait for them.
+    CPU priority, each in its own process group, writing its output to
+    `folder/<backend>.out` and `.err` (files, so that neither blocks on a
+    full pipe) and its exit status to `folder/<backend>.status` when it
+    ends. `conftest.py` calls this as soon as collection ends, so the runs
+    use the cores the tensorflow tests leave idle; the tests below, which
+    pytest runs last, wait for them.
 
     Returns:
-        dict backend -> (process, stdout file, stderr file).
+        list of the `subprocess.Popen` that were started.
     """
-    runs = {}
+    processes = []
     for backend in BACKENDS:
         env = dict(os.environ, KERAS_BACKEND=backend)
-        out = open(os.path.join(folder, f"{backend}.out"), "w+")
-        err = open(os.path.join(folder, f"{backend}.err"), "w+")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--durations=15", *NEUTRAL_FILES],
-            cwd=REPO, env=env, stdout=out, stderr=err, text=True, preexec_fn=lambda: os.nice(10),
-        )
-        runs[backend] = (process, out, err)
-    return runs
+        env.pop(RUNS_FOLDER_VARIABLE, None)
+        base = os.path.join(folder, backend)
+        with open(base + ".out", "w") as out, open(base + ".err", "w") as err:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-c", _STATUS_WRITER, base + ".status",
+                 sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--durations=15", *NEUTRAL_FILES],
+                cwd=REPO, env=env, stdout=out, stderr=err, text=True,
+                preexec_fn=lambda: os.nice(10), start_new_session=True,
+            ))
+    return processes
 
 
-def stop_backend_runs(runs):
-    for process, out, err in runs.values():
+def stop_backend_runs(processes):
+    """Kill the runs that are still going (their whole process groups)."""
+    for process in processes:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        out.close()
-        err.close()
+
+
+def wait_for_backend_run(folder, backend, timeout):
+    """`(exit status, stdout, stderr)` of the run of `backend` in `folder`,
+    once it has ended. Raises TimeoutError after `timeout` seconds."""
+    base = os.path.join(folder, backend)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(base + ".status"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the {backend} run in {folder} did not end in {timeout} s")
+        time.sleep(1)
+    with open(base + ".status") as status, open(base + ".out") as out, open(base + ".err") as err:
+        return int(status.read()), out.read(), err.read()
 
 
 @pytest.fixture(scope="module")
-def backend_runs(request, tmp_path_factory):
-    """The runs `conftest.py` started after collection, or (when this
-    module's tests were selected some other way) new ones."""
+def backend_runs(tmp_path_factory):
+    """The folder of the runs `conftest.py` started after collection, or
+    (when this module's tests were selected some other way) of new ones."""
     if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
         pytest.skip("already running on another backend")
-    runs = getattr(request.config, "backend_runs", None)
-    if runs is not None:
-        yield runs
+    folder = os.environ.get(RUNS_FOLDER_VARIABLE)
+    if folder and all(os.path.exists(os.path.join(folder, f"{b}.out")) for b in BACKENDS):
+        yield folder
         return
-    runs = start_backend_runs(tmp_path_factory.mktemp("backends"))
-    yield runs
-    stop_backend_runs(runs)
+    folder = str(tmp_path_factory.mktemp("backends"))
+    processes = start_backend_runs(folder)
+    yield folder
+    stop_backend_runs(processes)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_neutral_files_pass_on_backend(backend, backend_runs):
-    process, out, err = backend_runs[backend]
-    returncode = process.wait(timeout=1500)
-    out.seek(0)
-    err.seek(0)
-    stdout, stderr = out.read(), err.read()
+    returncode, stdout, stderr = wait_for_backend_run(backend_runs, backend, timeout=1500)
     tail = stdout[-3000:] + stderr[-2000:]
     assert returncode == 0, tail
     assert " passed" in stdout and " failed" not in stdout, tail
