@@ -51,3 +51,29 @@ def check_rate(value, name):
     if rate is None or not (math.isfinite(rate) and 0.0 <= rate < 1.0):
         raise ValueError(f"`{name}` must be a number in [0, 1); got {value!r}.")
     return rate
+
+
+def check_epsilon(value, name):
+    """`value` as a python float, when it is a finite number > 0 (the
+    epsilon added to a variance before its square root).
+
+    Raises:
+        ValueError: for a bool, a string, or a number that is not finite
+            and positive (a negative epsilon gives NaN where a row's
+            variance is below it, 0 where a row is constant).
+
+    Example:
+    >>> check_epsilon(1e-6, "layer_norm_epsilon")
+    1e-06
+    >>> check_epsilon(-1, "layer_norm_epsilon")
+    Traceback (most recent call last):
+    ...
+    ValueError: `layer_norm_epsilon` must be a finite number > 0; got -1.
+    """
+    try:
+        number = None if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not (math.isfinite(number) and number > 0.0):
+        raise ValueError(f"`{name}` must be a finite number > 0; got {value!r}.")
+    return number

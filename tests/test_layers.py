@@ -818,3 +818,96 @@ def test_ids_outside_the_vocabulary_are_an_error_on_every_backend(bad):
             jax.block_until_ready(jax.jit(lambda x: layer(x))(ids))
     good = to_numpy(layer(np.array([[5, 49, 3, 0]], "int32")))
     assert np.isfinite(good).all()
+
+
+def test_masks_of_query_by_key_shape_and_integer_masks_equal_the_boolean_batch_mask():
+    """A `(query_length, key_length)` mask passed the shape check and then
+    failed inside an add (its head axis went in the wrong place); it now
+    applies to every sentence, as a `(1, query, key)` mask does. 0/1
+    integer masks are the boolean one (a new-user trial)."""
+    keras.utils.set_random_seed(0)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    lower = np.tril(np.ones((3, 3), bool))
+    want = to_numpy(layer(x, x, attention_mask=np.broadcast_to(lower, (2, 3, 3))))
+    np.testing.assert_allclose(to_numpy(layer(x, x, attention_mask=lower)), want, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(layer(x, x, attention_mask=lower.astype("int32"))), want, atol=1e-6)
+    # And the causal mask blocks the future: the first query sees one key.
+    unmasked = to_numpy(layer(x, x))
+    assert np.abs(unmasked[:, 0] - want[:, 0]).max() > 1e-4
+
+
+@pytest.mark.parametrize("call", ["attention_mask", "value_mask", "encoder", "decoder"])
+def test_float_masks_are_refused_not_read_backwards(call):
+    """A float mask was cast to bool: an additive mask (0 where allowed,
+    -1e9 where blocked, the TF tutorial's) then allowed exactly the blocked
+    keys, without a word (a new-user trial)."""
+    x = np.ones((2, 3, 8), "float32")
+    additive = np.where(np.tril(np.ones((3, 3), bool)), 0.0, -1e9).astype("float32")
+    keys = np.array([[0.0, 0.0, -1e9], [0.0, -1e9, -1e9]], "float32")
+    calls = {
+        "attention_mask": lambda: MultiHeadAttention(num_heads=2, key_dim=4)(x, x, attention_mask=additive[None]),
+        "value_mask": lambda: MultiHeadAttention(num_heads=2, key_dim=4)(x, x, value_mask=keys),
+        "encoder": lambda: TransformerEncoder(num_heads=2, dff=16)(x, mask=keys),
+        "decoder": lambda: TransformerDecoder(num_heads=2, dff=16)(x, x, encoder_outputs_mask=keys),
+    }
+    with pytest.raises(ValueError, match=r"must be a bool mask .* got float32\. .*additive_mask == 0"):
+        calls[call]()
+
+
+def test_inputs_of_another_width_than_the_layer_was_built_for_are_clear_errors():
+    """A second call with another width failed inside a matrix product
+    ("Matrix size-incompatible", a new-user trial)."""
+    x8, x6 = np.ones((2, 3, 8), "float32"), np.ones((2, 3, 6), "float32")
+    encoder = TransformerEncoder(num_heads=2, dff=16)
+    encoder(x8)
+    with pytest.raises(ValueError, match="expected axis -1 of input shape to have value 8"):
+        encoder(x6)
+    decoder = TransformerDecoder(num_heads=2, dff=16)
+    decoder(x8, x8)
+    with pytest.raises(ValueError, match="expected axis -1 of input shape to have value 8"):
+        decoder(x6, x8)
+    attention = MultiHeadAttention(num_heads=2, key_dim=4)
+    attention(x8, x8)
+    for args, name in (((x6,), "query"), ((x8, x6), "value")):
+        with pytest.raises(ValueError, match=f"built for `{name}` of width 8; got width 6"):
+            attention(*args)
+    embedding = PositionalEmbedding(10, 8, sequence_length=4)
+    embedding(np.array([[1, 2]]))
+    with pytest.raises(ValueError, match="decoder outputs of width d_model=8 .* got width 6"):
+        embedding(x6, reverse=True)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: PositionalEmbedding(10, 2.5, sequence_length=4), "`d_model` must be a whole number >= 1; got 2.5"),
+    (lambda: PositionalEmbedding(10, True, sequence_length=4), "`d_model` must be a whole number >= 1; got True"),
+    (lambda: PositionalEmbedding(10, "8", sequence_length=4), "`d_model` must be a whole number >= 1; got '8'"),
+    (lambda: PositionalEmbedding(10, 8, sequence_length=4, pad_id=99), "`pad_id` must be an id of the vocab"),
+    (lambda: PositionalEmbedding(10, 8, sequence_length=4, pad_id=-1), "`pad_id` must be a whole number >= 0"),
+    (lambda: MultiHeadAttention(num_heads=2.5, key_dim=4), "`num_heads` must be a whole number >= 1; got 2.5"),
+    (lambda: MultiHeadAttention(num_heads=2, key_dim=4.9), "`key_dim` must be a whole number >= 1; got 4.9"),
+    (lambda: MultiHeadAttention(num_heads=2, key_dim=4, output_dim=0), "`output_dim` must be a whole number"),
+    (lambda: TransformerEncoder(num_heads=2, dff=16.5), "`dff` must be a whole number >= 1; got 16.5"),
+    (lambda: TransformerEncoder(num_heads=2, dff=16, layer_norm_epsilon=-1),
+     "`layer_norm_epsilon` must be a finite number > 0; got -1"),
+    (lambda: TransformerDecoder(num_heads=2, dff=16, layer_norm_epsilon=float("nan")),
+     "`layer_norm_epsilon` must be a finite number > 0; got nan"),
+])
+def test_layer_sizes_that_are_not_whole_numbers_are_refused(make, message):
+    """Sizes were cut to integers (`d_model=2.5` gave 2, `num_heads=2.5`
+    gave 2 heads) and a negative epsilon gave NaN (a new-user trial)."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_token_ids_that_are_not_integers_are_refused():
+    """Float ids were cut to integers without a word (1.5 read as 1), and a
+    negative `start_index` failed inside a slice (a new-user trial)."""
+    layer = PositionalEmbedding(10, 8, sequence_length=4)
+    for ids, dtype in ((np.array([[1.5, 2.7]]), "float"), (np.array([[True, False]]), "bool")):
+        with pytest.raises(TypeError, match=f"embeds integer token ids; got {dtype}"):
+            layer(ids)
+    with pytest.raises(ValueError, match="`start_index` is the position of inputs.*got -1"):
+        layer(np.array([[1, 2]]), start_index=-1)
+    np.testing.assert_array_equal(to_numpy(layer(np.array([[1, 2]], "int64"))),
+                                  to_numpy(layer(np.array([[1, 2]], "int32"))))

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.validation import check_count
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -47,8 +48,7 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if int(dff) <= 0:
-            raise ValueError(f"FeedForward needs a positive `dff`; got {dff}.")
+        check_count(dff, "dff")
         if not 0.0 <= float(activation_dropout_rate) < 1.0:
             raise ValueError(
                 "FeedForward needs an `activation_dropout_rate` in [0, 1); "

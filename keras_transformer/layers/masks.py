@@ -10,6 +10,7 @@ Masks are built by broadcasting, never by tiling over a concrete batch size,
 so they trace under `jax.jit`, `tf.function` and XLA.
 """
 
+import keras
 from keras import ops
 
 
@@ -51,17 +52,49 @@ def causal_mask(query_length, key_length=None, offset=0):
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)
 
 
+def as_bool_mask(mask, name="mask"):
+    """`mask` as a bool tensor: `True` (or 1) where attention is allowed.
+
+    Args:
+        mask: bool or integer (0 / 1) array or tensor.
+        name: str, the argument's name in the error.
+
+    Returns:
+        bool tensor of `mask`'s shape.
+
+    Raises:
+        ValueError: `mask` is a floating-point array. Its meaning is
+            ambiguous: an additive mask (0 where allowed, -1e9 where
+            blocked, as in the TF tutorial) cast to bool would allow
+            exactly the blocked keys.
+    """
+    if not hasattr(mask, "dtype"):
+        mask = ops.convert_to_tensor(mask)
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if "float" in dtype:
+        raise ValueError(
+            f"`{name}` must be a bool mask (True where a query may attend to a key) or 0/1 integers; "
+            f"got {dtype}. A float mask is ambiguous: an additive one (0 where allowed, -1e9 where "
+            f"blocked) would be read backwards. Pass `additive_mask == 0` for an additive mask, or "
+            f"`mask > 0.5` for a 0/1 float mask."
+        )
+    return ops.cast(mask, "bool")
+
+
 def merge_masks(*masks):
     """Logical AND of broadcastable boolean masks, skipping `None`.
 
     Returns:
         The combined bool tensor, or `None` if every mask is `None`.
+
+    Raises:
+        ValueError: a mask is floating-point (`as_bool_mask`).
     """
     result = None
     for mask in masks:
         if mask is None:
             continue
-        mask = ops.cast(mask, "bool")
+        mask = as_bool_mask(mask)
         result = mask if result is None else ops.logical_and(result, mask)
     return result
 
@@ -72,7 +105,10 @@ def key_padding_to_attention_mask(key_mask):
     The result broadcasts along the query axis: every query sees the same
     keys. This is the shape cross-attention needs with the *source* padding
     and self-attention needs with the sequence's own padding.
+
+    Raises:
+        ValueError: `key_mask` is floating-point (`as_bool_mask`).
     """
     if key_mask is None:
         return None
-    return ops.expand_dims(ops.cast(key_mask, "bool"), 1)
+    return ops.expand_dims(as_bool_mask(key_mask), 1)

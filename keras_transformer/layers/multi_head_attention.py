@@ -6,9 +6,11 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.masks import as_bool_mask
 from keras_transformer.layers.masks import causal_mask
 from keras_transformer.layers.masks import key_padding_to_attention_mask
 from keras_transformer.layers.masks import merge_masks
+from keras_transformer.validation import check_count
 from keras_transformer.validation import check_rate
 
 # Added to blocked scores before the softmax. The softmax always runs in
@@ -233,8 +235,9 @@ class MultiHeadAttention(keras.layers.Layer):
             `query` (self-attention).
         key: float tensor `(batch, key_length, d_model)`; defaults to
             `value`.
-        attention_mask: optional bool tensor broadcastable to
-            `(batch, query_length, key_length)`, `True` where allowed.
+        attention_mask: optional bool (or 0/1 integer) tensor broadcastable
+            to `(batch, query_length, key_length)`, `True` where allowed;
+            a `(query_length, key_length)` mask applies to every sentence.
         value_mask: optional bool `(batch, key_length)` key padding mask.
         mask: filled in by Keras when `query` is the only tensor given
             (`layer(x)`, self-attention): its Keras mask, which is then the
@@ -250,8 +253,9 @@ class MultiHeadAttention(keras.layers.Layer):
     Raises:
         ValueError: for non-positive `num_heads`/`key_dim` or a
             `dropout_rate` outside [0, 1); when called, for inputs that
-            are not `(batch, length, features)` and masks whose shapes do
-            not fit them.
+            are not `(batch, length, features)`, masks whose shapes do
+            not fit them and floating-point masks (an additive mask,
+            0 / -1e9, cast to bool would be read backwards).
 
     Example:
     >>> import numpy as np
@@ -277,17 +281,11 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if int(num_heads) <= 0 or int(key_dim) <= 0:
-            raise ValueError(
-                "MultiHeadAttention needs positive `num_heads` and `key_dim`; "
-                f"got num_heads={num_heads}, key_dim={key_dim}."
-            )
-        check_rate(dropout_rate, "dropout_rate")
-        self.num_heads = int(num_heads)
-        self.key_dim = int(key_dim)
-        self.value_dim = int(value_dim) if value_dim else self.key_dim
-        self.dropout_rate = float(dropout_rate)
-        self.output_dim = output_dim
+        self.num_heads = check_count(num_heads, "num_heads")
+        self.key_dim = check_count(key_dim, "key_dim")
+        self.value_dim = self.key_dim if value_dim is None else check_count(value_dim, "value_dim")
+        self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
+        self.output_dim = None if output_dim is None else check_count(output_dim, "output_dim")
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -315,6 +313,7 @@ class MultiHeadAttention(keras.layers.Layer):
         _check_attention_inputs(query_shape, value_shape or query_shape, key_shape)
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
+        self._built_widths = {"query": query_shape[-1], "value": value_shape[-1], "key": key_shape[-1]}
         output_dim = self.output_dim or query_shape[-1]
         self.query_dense = self._dense(
             "abc,cde->abde", (None, self.num_heads, self.key_dim), "de", "query"
@@ -581,7 +580,14 @@ class MultiHeadAttention(keras.layers.Layer):
             value_mask = mask  # the query's padding is the keys' padding
         value = query if value is None else value
         _check_attention_inputs(query.shape, value.shape, None if key is None else key.shape)
+        self._check_widths(query=query, value=value, key=value if key is None else key)
         _check_mask_shapes(query.shape, value.shape, attention_mask, value_mask)
+        if attention_mask is not None:
+            attention_mask = as_bool_mask(attention_mask, "attention_mask")
+            if len(attention_mask.shape) == 2:  # (query_length, key_length): every sentence's
+                attention_mask = ops.expand_dims(attention_mask, 0)
+        if value_mask is not None:
+            value_mask = as_bool_mask(value_mask, "value_mask")
         mask = merge_masks(
             attention_mask,
             key_padding_to_attention_mask(value_mask),
@@ -599,6 +605,17 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_mask(self, query, mask=None):
         return mask
+
+    def _check_widths(self, **inputs):
+        """ValueError for an input of another width than the layer was
+        built for (a matrix product would fail with a bare shape error)."""
+        for name, tensor in inputs.items():
+            built = getattr(self, "_built_widths", {}).get(name)
+            if None not in (built, tensor.shape[-1]) and tensor.shape[-1] != built:
+                raise ValueError(
+                    f"{self.name} was built for `{name}` of width {built}; got width "
+                    f"{tensor.shape[-1]} (shape {tuple(tensor.shape)}). Call a new layer for other widths."
+                )
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)

@@ -7,6 +7,7 @@ from keras import ops
 from keras_transformer.layers.id_range import check_id_range
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.output_projection import vocabulary_logits
+from keras_transformer.validation import check_count
 
 
 def sinusoidal_encoding(sequence_length, d_model):
@@ -198,11 +199,13 @@ class PositionalEmbedding(keras.layers.Layer):
         that carry no Keras mask.
 
     Raises:
-        ValueError: for a length of 0 or when `length + start_index`
-            exceeds `sequence_length` (for a statically known length),
-            for an id outside the vocabulary (see
-            `check_id_range` for the errors in compiled code), or on a
-            non-positive size.
+        TypeError: for ids that are not integers (floats, strings, bools).
+        ValueError: for a length of 0, a negative `start_index`, or when
+            `length + start_index` exceeds `sequence_length` (for a
+            statically known length), for an id outside the vocabulary
+            (see `check_id_range` for the errors in compiled code), on a
+            size that is not a positive whole number or a `pad_id`
+            outside the vocabulary.
 
     Example:
     >>> import numpy as np
@@ -230,19 +233,13 @@ class PositionalEmbedding(keras.layers.Layer):
         if sequence_length is None:
             raise TypeError("PositionalEmbedding needs `sequence_length`, the longest sequence "
                             "it accepts (the rows of its position table).")
-        for name, value in (
-            ("vocab_size", vocab_size),
-            ("d_model", d_model),
-            ("sequence_length", sequence_length),
-        ):
-            if int(value) <= 0:
-                raise ValueError(
-                    f"PositionalEmbedding needs a positive `{name}`; got {value}."
-                )
-        self.vocab_size = int(vocab_size)
-        self.d_model = int(d_model)
-        self.sequence_length = int(sequence_length)
-        self.pad_id = None if pad_id is None else int(pad_id)
+        self.vocab_size = check_count(vocab_size, "vocab_size")
+        self.d_model = check_count(d_model, "d_model")
+        self.sequence_length = check_count(sequence_length, "sequence_length")
+        self.pad_id = None if pad_id is None else check_count(pad_id, "pad_id", minimum=0)
+        if self.pad_id is not None and self.pad_id >= self.vocab_size:
+            raise ValueError(f"`pad_id` must be an id of the vocabulary, below vocab_size={self.vocab_size}; "
+                             f"got {pad_id!r} (None: no padding mask).")
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(
                 stddev=self.d_model**-0.5
@@ -285,6 +282,15 @@ class PositionalEmbedding(keras.layers.Layer):
              training=None):
         if reverse:
             return vocabulary_logits(self._reverse, inputs)
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if "int" not in dtype:
+            raise TypeError(
+                f"PositionalEmbedding ({self.name}) embeds integer token ids; got {dtype} inputs. "
+                "Tokenize to int32 ids first (a float id would be cut to an integer without a word); "
+                "for decoder outputs to project onto the vocabulary, pass reverse=True."
+            )
+        if isinstance(start_index, int) and start_index < 0:
+            raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start_index}.")
         if len(inputs.shape) != 2:
             raise ValueError(
                 f"PositionalEmbedding expects token ids of shape (batch, length) ({self.name}); "
@@ -363,6 +369,11 @@ class PositionalEmbedding(keras.layers.Layer):
         return table.embeddings
 
     def _reverse(self, inputs):
+        if inputs.shape[-1] is not None and inputs.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{self.name}(..., reverse=True) projects decoder outputs of width d_model={self.d_model} "
+                f"onto the vocabulary; got width {inputs.shape[-1]} (shape {tuple(inputs.shape)})."
+            )
         return ops.matmul(inputs, ops.transpose(ops.cast(self._float_table(), inputs.dtype)))
 
     def output_weights(self, table=None):

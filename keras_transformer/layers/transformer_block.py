@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_transformer.validation import check_count
+from keras_transformer.validation import check_epsilon
+
 
 class TransformerBlock(keras.layers.Layer):
     """Base of `TransformerEncoder` and `TransformerDecoder`.
@@ -26,8 +29,8 @@ class TransformerBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = int(num_heads)
-        self.dff = int(dff)
+        self.num_heads = check_count(num_heads, "num_heads")
+        self.dff = check_count(dff, "dff")
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = (
             self.dropout_rate
@@ -36,7 +39,7 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.activation_dropout_rate = float(activation_dropout_rate)
         self.activation = keras.activations.get(activation)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.layer_norm_epsilon = check_epsilon(layer_norm_epsilon, "layer_norm_epsilon")
         self.norm_first = bool(norm_first)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
@@ -48,6 +51,9 @@ class TransformerBlock(keras.layers.Layer):
                 f"d_model={d_model}; pick num_heads among the divisors of d_model."
             )
         self.d_model = d_model
+        # Built for this width: a later call with another says so (Keras's
+        # input check) rather than failing inside a matrix product.
+        self.input_spec = keras.InputSpec(axes={-1: d_model})
         self.key_dim = d_model // self.num_heads
 
     def compute_mask(self, inputs, mask=None):
