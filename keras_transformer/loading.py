@@ -164,14 +164,15 @@ class SavedModelTranslator:
         return found
 
 
-def load_translator(path, checkpoint="best", **decoding):
+def load_translator(path, checkpoint=None, **decoding):
     """A translator of lists of strings from a shipped or exported
     SavedModel, or from a run folder written by `train`.
 
     Args:
         path: str, a SavedModel folder (such as `saved_models/multi30k-en-de`)
             or a run folder (the `--output-dir` of `keras-transformer train`).
-        checkpoint: for a run, `"best"`, `"last"` or `"averaged"`.
+        checkpoint: for a run, `"best"` (None), `"last"` or `"averaged"`;
+            a SavedModel holds one model, so it takes none.
         **decoding: for a run, `Translator` settings (`beam_size`,
             `length_penalty`, ...; `transposed_output_table` defaults to
             True: the model is loaded for this translator); a SavedModel
@@ -184,7 +185,8 @@ def load_translator(path, checkpoint="best", **decoding):
 
     Raises:
         FileNotFoundError: if `path` is neither.
-        ValueError: for decoding settings given with a SavedModel.
+        ValueError: for a `checkpoint` or decoding settings given with a
+            SavedModel, or an unknown `checkpoint`.
 
     Example:
     >>> translator = load_translator("saved_models/multi30k-en-de")  # doctest: +SKIP
@@ -197,10 +199,17 @@ def load_translator(path, checkpoint="best", **decoding):
                 f"{sorted(decoding)} apply to a run only: the SavedModel {path} decodes with the "
                 "settings it was exported with. Export again to change them."
             )
+        if checkpoint is not None:
+            raise ValueError(
+                f"`checkpoint` applies to a run only: the SavedModel {path} holds the one model it "
+                f"was exported from; got checkpoint={checkpoint!r}. Leave it out, or pass the run "
+                "folder to choose 'best', 'last' or 'averaged'."
+            )
         return SavedModelTranslator(path)
     if os.path.exists(os.path.join(path, "config.json")):
         from keras_transformer.training import load_run
 
+        checkpoint = "best" if checkpoint is None else checkpoint
         if checkpoint not in ("best", "last", "averaged"):
             raise ValueError(f"`checkpoint` must be 'best', 'last' or 'averaged'; got {checkpoint!r}.")
         from keras_transformer.translator import Translator
@@ -426,6 +435,7 @@ def load_ensemble(paths, checkpoint="best", **decoding):
 
     Raises:
         FileNotFoundError: if a path is neither a SavedModel nor a run.
+        TypeError: for one path (a str) instead of a list.
         ValueError: for fewer than two paths, a member whose source or
             target pieces (or lowercasing) differ from the first's, or one
             whose recorded language pair (`languages.model_languages`)
@@ -434,6 +444,9 @@ def load_ensemble(paths, checkpoint="best", **decoding):
     from keras_transformer.languages import check_same_direction
     from keras_transformer.translator import Translator
 
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise TypeError(f"`paths` must be a list of two or more model folders; got one: {paths!r}. "
+                        "Pass [path_a, path_b, ...].")
     paths = list(paths)
     if len(paths) < 2:
         raise ValueError(f"An ensemble needs two or more models; got {len(paths)} ({paths}). "

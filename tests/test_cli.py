@@ -909,6 +909,12 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
         from_saved_model.translate_lines([" ".join(sentences * 10)])
     with pytest.raises(ValueError, match="apply to a run only"):
         kt.load_translator(str(exported), beam_size=2)
+    # A checkpoint was ignored here, an unknown one too (a new-user trial).
+    for checkpoint in ("last", "nope"):
+        with pytest.raises(ValueError, match=f"`checkpoint` applies to a run only.*checkpoint='{checkpoint}'"):
+            kt.load_translator(str(exported), checkpoint=checkpoint)
+    with pytest.raises(ValueError, match="`checkpoint` must be 'best', 'last' or 'averaged'; got 'nope'"):
+        kt.load_translator(str(run), checkpoint="nope")
     with pytest.raises(FileNotFoundError, match="neither a SavedModel"):
         kt.load_translator(str(tmp_path))
     # A rerun says what it read and what it resumes from.

@@ -173,6 +173,9 @@ def test_cli_ensemble_of_the_shipped_model_twice_translates_as_the_shipped_model
         export_translator(ensemble, str(tmp_path / "export"))
     with pytest.raises(ValueError, match="two or more"):
         load_ensemble([shipped])
+    # One path as a str was read character by character ("/ is neither a SavedModel").
+    with pytest.raises(TypeError, match="a list of two or more model folders; got one"):
+        load_ensemble(shipped)
     # The shipped en-de and de-en models share one vocabulary: their recorded
     # pairs keep them apart.
     with pytest.raises(ValueError, match="multi30k-de-en translates de->en and .*multi30k-en-de en->de"):

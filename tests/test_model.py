@@ -677,3 +677,27 @@ def test_copy_weights_refuses_another_architecture():
         copy_weights(small_model(), small_model(num_layers=1))
     with pytest.raises(ValueError, match="shape"):
         copy_weights(small_model(), small_model(d_model=8, num_heads=2))
+
+
+def test_step_by_step_decoding_checks_its_python_arguments():
+    """`call_decoder_with_cache` with an index past the caches failed in a
+    gather, took -1 silently, and took tokens of another batch than the
+    caches (a new-user trial); `empty_self_attention_caches` took more
+    positions than the decoder encodes."""
+    model = small_model()
+    source = np.array([[5, 6, END, PAD], [7, END, PAD, PAD], [8, 9, 10, END]], "int32")
+    outputs, mask = model.call_encoder(source)
+    cross = model.compute_cross_attention_caches(outputs)
+    caches = model.empty_self_attention_caches(3, 12)
+    tokens = np.full((3,), START, "int32")
+    logits, _ = model.call_decoder_with_cache(tokens, caches, 0, cross, mask)
+    assert tuple(logits.shape) == (3, 40)
+    for index in (12, 20, -1):
+        with pytest.raises(ValueError, match=rf"must be a position in \[0, 12\) \(the caches' 12 slots\); got {index}"):
+            model.call_decoder_with_cache(tokens, caches, index, cross, mask)
+    with pytest.raises(ValueError, match="`token_ids` has 2 rows and the self-attention caches 3"):
+        model.call_decoder_with_cache(tokens[:2], caches, 0, cross, mask)
+    with pytest.raises(ValueError, match="`token_ids` has 1 rows, and `encoder_outputs_mask` 3 sources"):
+        model.call_decoder_with_cache(tokens[:1], model.empty_self_attention_caches(1, 12), 0, cross, mask)
+    with pytest.raises(ValueError, match="`length` is at most the decoder's sequence_length, 12; got 13"):
+        model.empty_self_attention_caches(3, 13)

@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer, assembled with the functional API."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.deprecation import renamed_argument
@@ -355,13 +356,51 @@ class Transformer(CheckedXLASteps, keras.Model):
         """Per decoder layer, zero self-attention `(key (batch, heads,
         key_dim, length), value (batch, heads, length, key_dim))` caches
         for `length` output positions, in `dtype` (default: the compute
-        dtype)."""
+        dtype).
+
+        Raises:
+            ValueError: for a Python `batch_size` or `length` that is not a
+                positive whole number, or a `length` beyond the decoder's
+                `sequence_length` (positions it has no encoding for).
+        """
+        python = (int, float, np.number)
+        if isinstance(batch_size, python):
+            check_count(batch_size, "batch_size")
+        limit = self.decoder_embedding.sequence_length
+        if isinstance(length, python) and check_count(length, "length") > limit:
+            raise ValueError(f"`length` is at most the decoder's sequence_length, {limit}; got {length}.")
         return [layer.empty_cache(batch_size, length, dtype) for layer in self.decoder_layers]
 
     def grow_self_attention_caches(self, caches, length):
         """`caches` (from `empty_self_attention_caches`) padded with zero
         slots at the end to `length` output positions."""
         return [layer.grow_cache(cache, length) for layer, cache in zip(self.decoder_layers, caches)]
+
+    def _check_cached_step(self, token_ids, caches, index, cross_caches, encoder_outputs_mask,
+                           growing_cache, beams_per_source):
+        """`call_decoder_with_cache`'s checks of what is known in Python (a
+        search's traced loop passes tensors and is not checked here)."""
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            slots = None if growing_cache else caches[0][0].shape[-1]
+            limit = self.decoder_embedding.sequence_length if slots is None else slots
+            if not 0 <= index < limit:
+                what = f"the caches' {slots} slots" if slots is not None else f"sequence_length {limit}"
+                raise ValueError(
+                    f"`self_attention_cache_update_index` must be a position in [0, {limit}) ({what}); "
+                    f"got {index}."
+                )
+        rows = token_ids.shape[0] if len(getattr(token_ids, "shape", ())) else None
+        cache_rows = caches[0][0].shape[0]
+        sources = encoder_outputs_mask.shape[0]
+        if None not in (rows, cache_rows) and rows != cache_rows:
+            raise ValueError(f"`token_ids` has {rows} rows and the self-attention caches {cache_rows}: "
+                             "one cache row per token.")
+        if None not in (rows, sources) and rows != sources * int(beams_per_source):
+            raise ValueError(
+                f"`token_ids` has {rows} rows, and `encoder_outputs_mask` {sources} sources at "
+                f"beams_per_source={beams_per_source}: give {sources * int(beams_per_source)} tokens, "
+                "one per hypothesis of each source."
+            )
 
     def decoding_weights(self, fold_tied_transpose=False):
         """The weights of `call_decoder_with_cache`, read once: the target
@@ -439,8 +478,15 @@ class Transformer(CheckedXLASteps, keras.Model):
         Returns:
             `(logits (batch, tgt_vocab_size) float32, self_attention_caches)`
             with the caches updated, plus the attention weights if asked.
+
+        Raises:
+            ValueError: for an index that is a Python or NumPy integer
+                outside the fixed-size caches' slots (negative, or at or
+                past their length), or static batch sizes that disagree.
         """
         index = self_attention_cache_update_index
+        self._check_cached_step(token_ids, self_attention_caches, index, cross_attention_caches,
+                                encoder_outputs_mask, growing_cache, beams_per_source)
         weights = decoding_weights or self.decoding_weights()
         # Slots of a fixed-size cache (keys transposed: the last axis); a
         # growing cache has no slots to mask.
