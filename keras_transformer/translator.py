@@ -511,6 +511,15 @@ def _check_lines(lines, batch_size):
                 + ("Decode bytes first: line.decode('utf-8')." if isinstance(line, bytes)
                    else "Pass '' for an empty line.")
             )
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"translate_lines: item {i} ({line!r:.60}) is not valid Unicode text: {error.reason} at "
+                f"character {error.start} (a lone surrogate, as from bytes decoded with "
+                "errors='surrogateescape'). Decode its bytes with the right encoding, or with "
+                "errors='replace'."
+            ) from None
     return lines
 
 

@@ -265,6 +265,9 @@ def test_zero_batch_size_and_epochs_in_python_are_value_errors(tmp_path):
         translate_lines(lambda batch: batch, ["a", None])
     with pytest.raises(TypeError, match=r"item 0 is bytes .*Decode bytes first"):
         translate_lines(lambda batch: batch, [b"a"])
+    # A lone surrogate failed in the string tensor's conversion, naming no item.
+    with pytest.raises(ValueError, match=r"item 1 \('A dog \\ud800'\) is not valid Unicode text: .* character 6"):
+        translate_lines(lambda batch: batch, ["a", "A dog \ud800"])
     assert translate_lines(lambda batch: batch, (s for s in ["bb", "a"])) == ["bb", "a"]
     with pytest.raises(ValueError, match="`epochs` must be a positive integer; got 0"):
         train(TrainingConfig(train_src="s", train_tgt="t", epochs=0,

@@ -16,6 +16,7 @@ from keras_transformer import MaskedSparseCategoricalCrossentropy
 from keras_transformer import WarmupSchedule
 from keras_transformer import build_from_preset
 from keras_transformer import build_transformer
+from keras_transformer import causal_mask
 from keras_transformer import masked_loss
 
 START, END, PAD = 2, 3, 0
@@ -701,3 +702,18 @@ def test_step_by_step_decoding_checks_its_python_arguments():
         model.call_decoder_with_cache(tokens[:1], model.empty_self_attention_caches(1, 12), 0, cross, mask)
     with pytest.raises(ValueError, match="`length` is at most the decoder's sequence_length, 12; got 13"):
         model.empty_self_attention_caches(3, 13)
+
+
+@pytest.mark.parametrize("argument, message", [
+    ({"pad_id": None}, "needs `pad_id`, the padding id of both sides, .* got None"),
+    ({"pad_id": 30}, r"below both vocabulary sizes \(30, 40\); got 30"),
+    ({"pad_id": -1}, "got -1"),
+    ({"dtype": "int32"}, "`dtype` is a float dtype policy .* got 'int32'"),
+])
+def test_build_transformer_refuses_a_pad_id_or_dtype_it_cannot_use(argument, message):
+    """`pad_id=None` failed in `int()`, and `dtype="int32"` in a tensor
+    conversion deep in the first layer (a new-user trial)."""
+    with pytest.raises(ValueError, match=message):
+        small_model(**argument)
+    with pytest.raises(ValueError, match="causal_mask needs a `query_length` of 0 or more; got -1"):
+        causal_mask(-1)

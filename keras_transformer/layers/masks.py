@@ -47,6 +47,9 @@ def causal_mask(query_length, key_length=None, offset=0):
     """
     if key_length is None:
         key_length = query_length
+    for name, value in (("query_length", query_length), ("key_length", key_length)):
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"causal_mask needs a `{name}` of 0 or more; got {value}.")
     rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, 1)
     cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)

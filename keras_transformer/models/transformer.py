@@ -149,6 +149,22 @@ class Transformer(CheckedXLASteps, keras.Model):
             raise ValueError(
                 f"tie_embeddings must be one of {TIE_EMBEDDINGS}; got {tie_embeddings!r}."
             )
+        try:
+            whole = check_count(pad_id, "pad_id", minimum=0)
+        except ValueError:
+            whole = None
+        if whole is None or whole >= min(int(src_vocab_size), int(tgt_vocab_size)):
+            raise ValueError(
+                "build_transformer needs `pad_id`, the padding id of both sides, a whole number below "
+                f"both vocabulary sizes ({src_vocab_size}, {tgt_vocab_size}); got {pad_id!r}."
+            )
+        if dtype is not None:
+            compute = keras.dtype_policies.get(dtype).compute_dtype
+            if "float" not in str(compute):
+                raise ValueError(
+                    f"build_transformer's `dtype` is a float dtype policy ('float32', 'mixed_float16', "
+                    f"'mixed_bfloat16', ...): the layers compute in it; got {dtype!r}."
+                )
         if tie_embeddings == "all" and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 "tie_embeddings='all' shares one table between source and target, so "
@@ -604,8 +620,10 @@ def build_transformer(
 
     Raises:
         ValueError: for non-positive sizes, `num_heads` not dividing
-            `d_model`, an unknown `tie_embeddings`, or `"all"` with two
-            vocabulary sizes.
+            `d_model`, an unknown `tie_embeddings`, `"all"` with two
+            vocabulary sizes, a `pad_id` that is not an id of both
+            vocabularies, or a `dtype` policy that does not compute in
+            floats.
 
     Example:
     >>> import numpy as np
