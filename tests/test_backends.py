@@ -19,6 +19,7 @@ import time
 import pytest
 
 from conftest import REPO
+from conftest import jax_compiling_fast
 
 NEUTRAL_FILES = [
     "tests/test_layers.py",
@@ -64,12 +65,8 @@ def start_backend_runs(folder):
     for backend in BACKENDS:
         env = dict(os.environ, KERAS_BACKEND=backend)
         env.pop(RUNS_FOLDER_VARIABLE, None)
-        if backend == "jax" and "xla_backend_optimization_level" not in env.get("XLA_FLAGS", ""):
-            # Eager jax compiles each op for each new shape (hundreds of
-            # small programs a test), most of the run's time; without
-            # LLVM's optimizations they compile faster than they then run
-            # slower: the run took 365 s of CPU instead of 644 s.
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+        if backend == "jax":
+            jax_compiling_fast(env)
         base = os.path.join(folder, backend)
         with open(base + ".out", "w") as out, open(base + ".err", "w") as err:
             processes.append(subprocess.Popen(

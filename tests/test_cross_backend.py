@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from conftest import jax_compiling_fast
 
 if keras.backend.backend() != "tensorflow":
     pytest.skip("this test drives the other backends from tensorflow", allow_module_level=True)
@@ -50,6 +51,8 @@ def test_c27_trained_elsewhere_loads_on_tensorflow_and_exports(backend, tmp_path
     script = TRAIN.replace("SRC", str(src.vocab_size)).replace("TGT", str(tgt.vocab_size))
     paths = [str(tmp_path / name) for name in ("model.keras", "logits.npy", "inputs.npz")]
     env = dict(os.environ, KERAS_BACKEND=backend)
+    if backend == "jax":
+        jax_compiling_fast(env)
     result = subprocess.run([sys.executable, "-c", script, *paths], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from conftest import jax_compiling_fast
 from keras_transformer.distribution import data_parallel_scope
 
 
@@ -28,6 +29,7 @@ def backend_env(backend):
             "--xla_cpu_collective_timeout_seconds=900",
             "--xla_cpu_collective_call_terminate_timeout_seconds=900",
         ])
+        jax_compiling_fast(env)
     return env
 
 
@@ -215,7 +217,7 @@ def test_multi_worker_on_jax_initializes_the_processes_before_counting_devices(t
         port = s.getsockname()[1]
     env = dict(os.environ, KERAS_BACKEND="jax", KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
                KERAS_DISTRIBUTION_NUM_PROCESSES="1", KERAS_DISTRIBUTION_PROCESS_ID="0")
-    done = subprocess.run([sys.executable, "-c", MULTI_WORKER_SCRIPT, str(tmp_path)], env=env,
+    done = subprocess.run([sys.executable, "-c", MULTI_WORKER_SCRIPT, str(tmp_path)], env=jax_compiling_fast(env),
                           capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
