@@ -717,3 +717,14 @@ def test_build_transformer_refuses_a_pad_id_or_dtype_it_cannot_use(argument, mes
         small_model(**argument)
     with pytest.raises(ValueError, match="causal_mask needs a `query_length` of 0 or more; got -1"):
         causal_mask(-1)
+
+
+def test_predict_refuses_inputs_of_different_row_counts():
+    """Keras's predict failed on them with "'str' object has no attribute
+    'shape'" (fit and evaluate say "Data cardinality is ambiguous"), a
+    new-user trial; inputs that agree predict the model's own logits."""
+    model = small_model()
+    x = inputs([[5, 6, END], [7, END, PAD]], [[START, 8, 9], [START, 8, PAD]])
+    np.testing.assert_allclose(model.predict(x, verbose=0), to_numpy(model(x)), atol=1e-5)
+    with pytest.raises(ValueError, match=r"one row per sentence each; got \{'encoder_inputs': 2, 'decoder_inputs': 1\}"):
+        model.predict({"encoder_inputs": x["encoder_inputs"], "decoder_inputs": x["decoder_inputs"][:1]}, verbose=0)

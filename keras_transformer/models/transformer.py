@@ -303,6 +303,16 @@ class Transformer(CheckedXLASteps, keras.Model):
             "dtype": dtype,
         }
 
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`; inputs of different numbers of rows are a
+        clear ValueError (Keras's own check fails on them without labels,
+        with "'str' object has no attribute 'shape'")."""
+        if isinstance(x, dict):
+            rows = {name: value.shape[0] for name, value in x.items() if len(getattr(value, "shape", ())) > 0}
+            if len(set(rows.values())) > 1:
+                raise ValueError(f"predict's inputs must have one row per sentence each; got {rows} rows.")
+        return super().predict(x, *args, **kwargs)
+
     @classmethod
     def from_config(cls, config):
         config = dict(config)
