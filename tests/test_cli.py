@@ -229,15 +229,14 @@ def test_demo_scores_and_exports_the_checkpoint_translate_run_reads(tmp_path, ca
     """The demo scored and exported its last epoch while `translate --run`
     and `evaluate --run`, which its closing line suggests, read the best
     checkpoint: two models under one name (a new-user trial). Here the
-    best checkpoint is made an older one and the demo run again."""
-    import shutil
-
+    best checkpoint is made an older one (epoch 1's weights, which the run
+    keeps in `epochs/`) and the demo run again."""
     out = tmp_path / "demo"
     run, data = out / "run", out / "data"
-    main(["demo", "--output-dir", str(out), "--epochs", "1", "--train-pairs", "300"])
-    shutil.copy(run / "best.keras", tmp_path / "epoch1.keras")
     main(["demo", "--output-dir", str(out), "--epochs", "2", "--train-pairs", "300"])
-    shutil.copy(tmp_path / "epoch1.keras", run / "best.keras")  # best: epoch 1; last: epoch 2
+    best = keras.saving.load_model(run / "best.keras")
+    best.load_weights(run / "epochs" / "epoch-001.weights.h5")
+    best.save(run / "best.keras")  # best: epoch 1; last: epoch 2
     capsys.readouterr()
     main(["demo", "--output-dir", str(out), "--epochs", "2", "--train-pairs", "300"])
     printed = float(re.search(r"BLEU ([0-9.]+)", capsys.readouterr().out).group(1))
