@@ -251,7 +251,8 @@ class MultiHeadAttention(keras.layers.Layer):
         `(batch, num_heads, query_length, key_length)`.
 
     Raises:
-        ValueError: for non-positive `num_heads`/`key_dim` or a
+        ValueError: for sizes (`num_heads`, `key_dim`, `value_dim`,
+            `output_dim`) that are not positive whole numbers or a
             `dropout_rate` outside [0, 1); when called, for inputs that
             are not `(batch, length, features)`, masks whose shapes do
             not fit them and floating-point masks (an additive mask,

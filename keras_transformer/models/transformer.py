@@ -402,8 +402,8 @@ class Transformer(CheckedXLASteps, keras.Model):
         slots at the end to `length` output positions."""
         return [layer.grow_cache(cache, length) for layer, cache in zip(self.decoder_layers, caches)]
 
-    def _check_cached_step(self, token_ids, caches, index, cross_caches, encoder_outputs_mask,
-                           growing_cache, beams_per_source):
+    def _check_cached_step(self, token_ids, caches, index, encoder_outputs_mask, growing_cache,
+                           beams_per_source):
         """`call_decoder_with_cache`'s checks of what is known in Python (a
         search's traced loop passes tensors and is not checked here)."""
         if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
@@ -511,8 +511,8 @@ class Transformer(CheckedXLASteps, keras.Model):
                 past their length), or static batch sizes that disagree.
         """
         index = self_attention_cache_update_index
-        self._check_cached_step(token_ids, self_attention_caches, index, cross_attention_caches,
-                                encoder_outputs_mask, growing_cache, beams_per_source)
+        self._check_cached_step(token_ids, self_attention_caches, index, encoder_outputs_mask,
+                                growing_cache, beams_per_source)
         weights = decoding_weights or self.decoding_weights()
         # Slots of a fixed-size cache (keys transposed: the last axis); a
         # growing cache has no slots to mask.
