@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.layers.id_range import check_label_ids
 
 
@@ -104,6 +105,7 @@ def per_token_loss(
         A tuple `(losses, mask)`: `losses` is float32 `(batch, T)` with 0 at
         padding, and `mask` is bool `(batch, T)`, True at real tokens.
     """
+    check_integer_ids(y_true, "The labels (`y_true`)", fix="Give int32 target ids")
     y_pred = ops.cast(ops.convert_to_tensor(y_pred), "float32")
     y_true = _align_ranks(ops.convert_to_tensor(y_true), y_pred)
     y_true = ops.cast(y_true, "int32")
@@ -171,6 +173,8 @@ def masked_loss(
     Raises:
         ValueError: if `label_smoothing` is outside [0, 1), `pad_id` is not
             an int, or the ranks of `y_true` and `y_pred` do not match.
+        TypeError: if `y_true` is not integer ids (float labels would be cut
+            to integers).
 
     Example:
 
@@ -275,6 +279,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
         ValueError: if `label_smoothing` is outside [0, 1), `pad_id` is not
             an int, `reduction` is not one of the values above, or the ranks
             of `y_true` and `y_pred` do not match.
+        TypeError: (when called) if `y_true` is not integer ids.
 
     Example:
 

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.losses import per_token_weight
 
 
@@ -16,6 +17,7 @@ def _check_pad_id(pad_id):
 def _correct_and_mask(y_true, y_pred, pad_id):
     """Float32 `(batch, T)` hits and real-token mask. `y_pred` is float
     scores `(batch, T, vocab)` or int predicted ids `(batch, T)`."""
+    check_integer_ids(y_true, "The labels (`y_true`)", fix="Give int32 target ids")
     y_pred = ops.convert_to_tensor(y_pred)
     y_true = ops.convert_to_tensor(y_true)
     ids_given = "int" in keras.backend.standardize_dtype(y_pred.dtype)
@@ -60,6 +62,7 @@ def masked_accuracy(y_true, y_pred, *, pad_id=0):
     Raises:
         ValueError: if `pad_id` is not an int or the ranks of `y_true` and
             `y_pred` do not match.
+        TypeError: if `y_true` is not integer ids.
 
     Example:
 
@@ -106,6 +109,7 @@ class MaskedAccuracy(keras.metrics.Metric):
     Raises:
         ValueError: if `pad_id` is not an int or the ranks of `y_true` and
             `y_pred` do not match.
+        TypeError: if `y_true` is not integer ids.
 
     Example:
 

@@ -905,7 +905,7 @@ def test_token_ids_that_are_not_integers_are_refused():
     negative `start_index` failed inside a slice (a new-user trial)."""
     layer = PositionalEmbedding(10, 8, sequence_length=4)
     for ids, dtype in ((np.array([[1.5, 2.7]]), "float"), (np.array([[True, False]]), "bool")):
-        with pytest.raises(TypeError, match=f"embeds integer token ids; got {dtype}"):
+        with pytest.raises(TypeError, match=f"PositionalEmbedding.*must be integer token ids; got {dtype}"):
             layer(ids)
     with pytest.raises(ValueError, match="`start_index` is the position of inputs.*got -1"):
         layer(np.array([[1, 2]]), start_index=-1)

@@ -728,3 +728,37 @@ def test_predict_refuses_inputs_of_different_row_counts():
     np.testing.assert_allclose(model.predict(x, verbose=0), to_numpy(model(x)), atol=1e-5)
     with pytest.raises(ValueError, match=r"one row per sentence each; got \{'encoder_inputs': 2, 'decoder_inputs': 1\}"):
         model.predict({"encoder_inputs": x["encoder_inputs"], "decoder_inputs": x["decoder_inputs"][:1]}, verbose=0)
+
+
+def test_ids_that_are_not_integers_are_refused_by_the_model_and_its_loss_and_metric():
+    """Keras's functional inputs cast float ids to int32 (3.7 read as 3) and
+    the loss and accuracy cast float labels, all without a word (a new-user
+    trial); integer ids of any width give the same logits."""
+    model = small_model()
+    x = inputs([[5, 6, END], [7, END, PAD]], [[START, 8, 9], [START, 8, PAD]])
+    labels = np.array([[8, 9, END], [8, END, PAD]], "int32")
+    expected = to_numpy(model(x))
+    for name in x:
+        for bad, dtype in ((x[name] + 0.7, "float64"), (x[name] > 5, "bool")):
+            data = dict(x, **{name: bad})
+            with pytest.raises(TypeError, match=f"`{name}` must be integer token ids; got {dtype} ids"):
+                model(data)
+            with pytest.raises(TypeError, match=f"`{name}` must be integer token ids; got {dtype[:5]}"):
+                model.predict(data, verbose=0)  # Keras's data adapter makes float64 float32
+    np.testing.assert_allclose(to_numpy(model({k: v.astype("int64") for k, v in x.items()})), expected, atol=1e-6)
+
+    float_labels = labels.astype("float32") + 0.3
+    with pytest.raises(TypeError, match=r"The labels \(`y_true`\) must be integer token ids; got float32"):
+        masked_loss(float_labels, expected)
+    with pytest.raises(TypeError, match=r"The labels \(`y_true`\) must be integer token ids; got float32"):
+        MaskedSparseCategoricalCrossentropy()(float_labels, expected)
+    with pytest.raises(TypeError, match=r"The labels \(`y_true`\) must be integer token ids; got float32"):
+        MaskedAccuracy().update_state(float_labels, expected)
+    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), metrics=[MaskedAccuracy()])
+    with pytest.raises(TypeError, match="must be integer token ids; got float32"):
+        model.fit(x, float_labels, epochs=1, verbose=0)
+    weights = [to_numpy(w) for w in model.weights]
+    with pytest.raises(TypeError, match="`decoder_inputs` must be integer token ids; got float32"):
+        model.fit(dict(x, decoder_inputs=x["decoder_inputs"].astype("float32")), labels, epochs=1, verbose=0)
+    for before, after in zip(weights, model.weights):
+        np.testing.assert_array_equal(before, to_numpy(after))

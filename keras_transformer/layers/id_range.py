@@ -13,6 +13,51 @@ def _message(name, size, low, high):
     )
 
 
+class TokenIdTypeError(TypeError, ValueError):
+    """Token ids or labels of a dtype that is not an integer one.
+
+    A `TypeError`, and a `ValueError` too (as NumPy's `AxisError` is both a
+    `ValueError` and an `IndexError`), because Keras's `fit` on jax and torch
+    passes a `ValueError` from its first symbolic call on unchanged and
+    wraps any other error in "Unable to automatically build the model".
+    """
+
+
+def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
+    """Raises TypeError unless `ids` (an array, tensor or nested list) has an
+    integer dtype: a float id would be cut to an integer without a word
+    (Keras's functional inputs and `ops.cast` truncate 3.7 to 3), and a
+    bool one read as 0 or 1.
+
+    Args:
+        ids: the ids, any shape.
+        name: what the ids are, for the message (e.g. "`encoder_inputs`").
+        fix: how to give integer ids, for the message.
+
+    Raises:
+        TokenIdTypeError: (a TypeError) for a float, bool or string dtype.
+
+    Example:
+    >>> import numpy as np
+    >>> check_integer_ids(np.array([[1.5, 2.0]]), "`encoder_inputs`")
+    Traceback (most recent call last):
+    ...
+    keras_transformer.layers.id_range.TokenIdTypeError: `encoder_inputs` must be integer token ids; got float64 ids. Tokenize to int32 ids first (a float id would be cut to an integer without a word).
+    """
+    dtype = getattr(ids, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(ids).dtype
+    try:
+        dtype = keras.backend.standardize_dtype(dtype)
+    except ValueError:  # NumPy strings and objects
+        dtype = str(dtype)
+    if "int" not in dtype:
+        raise TokenIdTypeError(
+            f"{name} must be integer token ids; got {dtype} ids. {fix} "
+            "(a float id would be cut to an integer without a word)."
+        )
+
+
 def check_id_range(ids, size, name):
     """`ids`, once every one of them is checked to lie in `[0, size)`.
 

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.output_projection import vocabulary_logits
 from keras_transformer.validation import check_count
@@ -282,13 +283,11 @@ class PositionalEmbedding(keras.layers.Layer):
              training=None):
         if reverse:
             return vocabulary_logits(self._reverse, inputs)
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
-        if "int" not in dtype:
-            raise TypeError(
-                f"PositionalEmbedding ({self.name}) embeds integer token ids; got {dtype} inputs. "
-                "Tokenize to int32 ids first (a float id would be cut to an integer without a word); "
-                "for decoder outputs to project onto the vocabulary, pass reverse=True."
-            )
+        check_integer_ids(
+            inputs, f"The inputs of PositionalEmbedding ({self.name})",
+            fix="Tokenize to int32 ids first, or pass reverse=True to project decoder outputs onto "
+                "the vocabulary",
+        )
         if isinstance(start_index, int) and start_index < 0:
             raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start_index}.")
         if len(inputs.shape) != 2:

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.layers.layer_normalization import LayerNormalization
 from keras_transformer.layers.layer_normalization import layer_norm
 from keras_transformer.layers.masks import padding_mask
@@ -302,6 +303,19 @@ class Transformer(CheckedXLASteps, keras.Model):
             "activation": activation,
             "dtype": dtype,
         }
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        """The functional graph, once the inputs are checked to be integer
+        ids: Keras's functional inputs would cast float ids to int32,
+        truncating 3.7 to 3 without a word.
+
+        Raises:
+            TypeError: for float, bool or string ids.
+        """
+        if isinstance(inputs, dict):  # other structures: Keras's own error
+            for name, ids in inputs.items():
+                check_integer_ids(ids, f"The model's `{name}`")
+        return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict`; inputs of different numbers of rows are a
