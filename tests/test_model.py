@@ -168,6 +168,11 @@ def test_real_label_over_padded_decoder_input_costs_log_vocab_on_the_fast_path()
     loss, _ = fast_path.loss_and_predictions(TrainingForward(model), x, labels, label_smoothing=0.1)
     np.testing.assert_allclose(float(loss), (plain[0] + plain[1] + np.log(40)) / 3, atol=1e-5)
     assert abs(plain[2] - np.log(40)) > 1e-3
+    forward = TrainingForward(model)  # float labels and ids were cast to integers
+    with pytest.raises(TypeError, match="The labels .* must be integer token ids; got float64"):
+        fast_path.loss_and_predictions(forward, x, labels + 0.5)
+    with pytest.raises(TypeError, match="PositionalEmbedding .* must be integer token ids; got float"):
+        fast_path.loss_and_predictions(forward, dict(x, decoder_inputs=x["decoder_inputs"] + 0.5), labels)
 
 
 def test_translator_on_another_backend_is_a_clear_error():

@@ -37,6 +37,7 @@ from keras_transformer.devices import in_xla_context
 from keras_transformer.fast_path import kernels
 from keras_transformer.fast_path.forward import TrainingForward
 from keras_transformer.fast_path.ops import cross_entropy
+from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.layers.id_range import check_label_ids
 
 
@@ -98,7 +99,9 @@ def loss_and_predictions(forward, x, y, pad_id=0, label_smoothing=0.0):
 
     Raises:
         ValueError / InvalidArgumentError: for labels outside the vocabulary.
+        TypeError: for labels or ids that are not integers.
     """
+    check_integer_ids(y, "The labels (`y_true`)", fix="Give int32 target ids")
     logits, unpadding = forward(x["encoder_inputs"], x["decoder_inputs"])
     vocab = logits.shape[-1]
     y = keras.ops.cast(keras.ops.convert_to_tensor(y), "int32")
