@@ -86,7 +86,18 @@ for optimizer in (Adam, keras.optimizers.Adam):
         model.set_weights(w0)
         model.fit(x, lab, batch_size=4, epochs=1, shuffle=False, verbose=0)
     adam.append(model.get_weights())
+# Float ids and labels are refused in each replica's step (Keras traces the
+# model on the replicas' float64 mean first, for shapes, unchecked).
+refused = []
+for data, labels in (({**x, "decoder_inputs": dec + 0.5}, lab), (x, lab + 0.5)):
+    with data_parallel_scope("data_parallel"):
+        model = make()
+        try:
+            model.fit(data, labels, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        except TypeError as error:
+            refused.append("must be integer token ids" in str(error))
 print("RESULT " + json.dumps({
+    "refused": refused,
     "replicas": replicas,
     "placed": placed,
     "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(w1, w2)),
@@ -111,6 +122,7 @@ def test_one_data_parallel_step_on_two_devices_equals_one_device(backend):
     assert result["moved"] > 1e-3  # the step did change the weights
     assert result["max_diff"] < 1e-5, result
     assert result["adam_moved"] > 1e-3 and result["adam_diff"] < 1e-5, result
+    assert result["refused"] == [True, True], result
 
 
 TRAIN_SCRIPT = r"""

@@ -34,6 +34,10 @@ def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
         name: what the ids are, for the message (e.g. "`encoder_inputs`").
         fix: how to give integer ids, for the message.
 
+    Not checked while Keras's `fit` traces the model for shapes under a
+    tf.distribute strategy (`_traced_for_shapes_under_a_strategy`); each
+    replica's step is.
+
     Raises:
         TokenIdTypeError: (a TypeError) for a float, bool or string dtype.
 
@@ -44,6 +48,8 @@ def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
     ...
     keras_transformer.layers.id_range.TokenIdTypeError: `encoder_inputs` must be integer token ids; got float64 ids. Tokenize to int32 ids first (a float id would be cut to an integer without a word).
     """
+    if _traced_for_shapes_under_a_strategy():
+        return
     dtype = getattr(ids, "dtype", None)
     if dtype is None:
         dtype = np.asarray(ids).dtype
@@ -56,6 +62,19 @@ def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
             f"{name} must be integer token ids; got {dtype} ids. {fix} "
             "(a float id would be cut to an integer without a word)."
         )
+
+
+def _traced_for_shapes_under_a_strategy():
+    """Whether a TensorFlow graph is traced in a tf.distribute strategy's
+    cross-replica context: there Keras's `fit` builds the model and its loss
+    on the mean of a batch's replicas (float64 ids and labels) for their
+    shapes alone. The replicas' steps are checked."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return (tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context()
+            and not tf.executing_eagerly())
 
 
 def check_id_range(ids, size, name):
