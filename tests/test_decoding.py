@@ -336,8 +336,24 @@ def test_bad_beam_arguments(parts):
         beam_search(parts, SOURCES, start_id=START, end_id=END, beam_size=2, n_best=3)
     for search in (greedy_search, beam_search):
         # Checked once per search (the per-step embedding no longer checks).
-        with pytest.raises(ValueError, match=r"`start_id` must be token ids in \[0, 25\)"):
+        with pytest.raises(ValueError, match=r"`start_id` must be a token id in \[0, 25\) \(the target vocabulary\); got 25"):
             search(parts, SOURCES, start_id=25, end_id=END)
+        # An end id outside the vocabulary failed in a gather (tensorflow),
+        # gave NaN scores (jax) or ran on (torch); a pad id of -1 blocked
+        # the last id on torch; float sources were cut to integers; a
+        # source without its batch axis failed deep in jax's encoder
+        # (a new-user trial).
+        for name, value in (("end_id", 25), ("end_id", -1), ("pad_id", 99), ("pad_id", -1)):
+            with pytest.raises(ValueError, match=f"`{name}` must be (a token id in \\[0, 25\\).*|a whole number >= 0); got {value}"):
+                search(parts, SOURCES, **{"start_id": START, "end_id": END, name: value})
+        with pytest.raises(ValueError, match=r"`suppressed_ids` must be a token id in \[0, 25\).*; got 30"):
+            search(parts, SOURCES, start_id=START, end_id=END, suppressed_ids=(4, 30))
+        with pytest.raises(ValueError, match="`end_id` must be a whole number >= 0; got 3.5"):
+            search(parts, SOURCES, start_id=START, end_id=3.5)
+        with pytest.raises(TypeError, match="`source_ids` must be integer token ids; got float32"):
+            search(parts, SOURCES.astype("float32") + 0.5, start_id=START, end_id=END)
+        with pytest.raises(ValueError, match=r"shape \(batch, source_length\); got shape \(6,\).*`ids\[None\]`"):
+            search(parts, SOURCES[0], start_id=START, end_id=END)
     for alpha in (-1.0, float("nan"), float("inf")):
         # NaN passed `alpha < 0` and ranked every hypothesis as NaN.
         with pytest.raises(ValueError, match="finite number >= 0"):

@@ -60,8 +60,11 @@ def beam_search(
 
     Raises:
         ValueError: for `beam_size < 1`, `n_best` outside `[1, beam_size]`,
-            a `length_penalty` that is negative or not finite, or `beam_size`
-            above the vocabulary.
+            a `length_penalty` that is negative or not finite, `beam_size`
+            above the vocabulary, sources not of shape `(batch,
+            source_length)`, or `start_id`, `end_id`, `pad_id` or a suppressed
+            id outside `[0, vocab_size)`.
+        TypeError: for sources that are not integer ids.
 
     References:
         Vaswani et al. (2017), section 6.1; Wu et al. (2016), "Google's

@@ -52,6 +52,12 @@ def greedy_search(
         chosen tokens' log-probabilities; with `return_attention_scores`, also
         float32 `(batch, max_length, num_heads, source_length)` weights of
         each output token over the source (zero after the end token).
+
+    Raises:
+        ValueError: for sources not of shape `(batch, source_length)` or
+            ids outside the vocabularies, `start_id`, `end_id`, `pad_id` or
+            a suppressed id among them.
+        TypeError: for sources that are not integer ids.
     """
     return_attention = renamed_argument("greedy_search", "return_attention_scores",
                                         return_attention_scores or None, "return_attention",

@@ -46,6 +46,36 @@ from keras_transformer.decoding.limits import flatten_caches
 from keras_transformer.decoding.limits import unflatten_caches
 from keras_transformer.decoding.model_parts import TransformerParts
 from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_integer_ids
+from keras_transformer.validation import check_count
+
+
+def check_search_arguments(parts, source_ids, start_id, end_id, pad_id, suppressed_ids=()):
+    """Raises, before any op, for sources or special ids a search cannot
+    use: float ids were cut to integers, a source without its batch axis
+    failed deep in jax's encoder, and an `end_id` or `pad_id` outside the
+    target vocabulary was never produced or blocked another id (TensorFlow
+    failed in a gather, jax gave NaN scores, torch ran on).
+
+    Raises:
+        TokenIdTypeError: (a TypeError) for sources that are not integers.
+        ValueError: for sources not of shape `(batch, source_length)`, or a
+            special or suppressed id that is not a whole number in
+            `[0, parts.vocab_size)`.
+    """
+    check_integer_ids(source_ids, "`source_ids`")
+    shape = tuple(getattr(source_ids, "shape", np.shape(source_ids)))
+    if len(shape) != 2:
+        raise ValueError(
+            f"`source_ids` must be ids of shape (batch, source_length); got shape {shape}. "
+            "For one sentence, add a batch axis (`ids[None]`)."
+        )
+    vocab = parts.vocab_size
+    named = [("start_id", start_id), ("end_id", end_id), ("pad_id", pad_id)]
+    named += [("suppressed_ids", i) for i in suppressed_ids if i is not None]
+    for name, value in named:
+        if check_count(value, name, minimum=0) >= vocab:
+            raise ValueError(f"`{name}` must be a token id in [0, {vocab}) (the target vocabulary); got {value!r}.")
 
 
 def output_length(parts, max_length):
@@ -89,6 +119,7 @@ def dynamic_decode(
         the search runs compiled once per input shape
         (`decoding.compiled`).
     """
+    check_search_arguments(parts, source_ids, start_id, end_id, pad_id, suppressed_ids)
     if compiled.applies(source_ids) and hasattr(parts, "model"):
         # A `TransformerParts` is its model and cache layout; a subclass, or
         # one with its own `output_kernel` (a tensor the compiled search
@@ -111,8 +142,8 @@ def dynamic_decode(
 
         # Checked here, where the ids are known, so that a bad id raises
         # ValueError as in an eager search (in the compiled search it
-        # would surface as a jax runtime error).
-        check_id_range(np.full((1,), start_id, "int32"), parts.vocab_size, "`start_id`")
+        # would surface as a jax runtime error); the special ids are
+        # checked above.
         embedding = parts.encoder_embedding
         check_id_range(np.asarray(source_ids), embedding.vocab_size, f"The inputs of {embedding.name}")
         attention_axis = 2 if return_attention_scores else None  # GreedySearch.finalize
