@@ -179,6 +179,9 @@ class TrainingConfig:
         if self.extra_train is not None:  # lists, as config.json records them
             self.extra_train = [list(pair) for pair in check_extra_train(self.extra_train)]
         self.user_defined_symbols = check_user_defined_symbols(self.user_defined_symbols)
+        # Flags given in Python: "false" is truthy.
+        check_config_values({field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                             if field.type is bool}, "TrainingConfig")
 
     @classmethod
     def from_file(cls, path, **overrides):

@@ -1,6 +1,8 @@
-"""Checks of the counts and rates passed to the library's public functions."""
+"""Checks of the counts, rates and flags passed to the library's public functions."""
 
 import math
+
+import numpy as np
 
 
 def check_count(value, name, minimum=1, unit=""):
@@ -77,3 +79,23 @@ def check_epsilon(value, name):
     if number is None or not (math.isfinite(number) and number > 0.0):
         raise ValueError(f"`{name}` must be a finite number > 0; got {value!r}.")
     return number
+
+
+def check_bool(value, name):
+    """`value` as a python bool, when it is one (or a NumPy bool).
+
+    Raises:
+        ValueError: for anything else: the string "False" is truthy, so
+            `norm_first="False"` would build pre-LN blocks without a word.
+
+    Example:
+    >>> check_bool(True, "norm_first")
+    True
+    >>> check_bool("False", "norm_first")
+    Traceback (most recent call last):
+    ...
+    ValueError: `norm_first` must be a bool (True or False); got 'False' (str).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"`{name}` must be a bool (True or False); got {value!r} ({type(value).__name__}).")

@@ -1126,6 +1126,8 @@ def test_settings_that_would_silently_train_the_wrong_thing_are_refused(tmp_path
     with pytest.raises(SystemExit):
         main(base + ["--config", str(config)])
     assert "`max_train_pairs` must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="TrainingConfig: `norm_first` must be a bool; got 'false' \\(str\\)"):
+        TrainingConfig(train_src="a", train_tgt="b", norm_first="false")  # truthy: it trained pre-LN
     with pytest.raises(ValueError, match=r"unknown settings \['epoch'\]"):
         TrainingConfig.from_file(str(tmp_path / "settings.txt"), epoch=3)
     monkeypatch.setattr(training.keras.backend, "backend", lambda: "jax")

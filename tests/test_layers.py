@@ -501,6 +501,10 @@ def test_bad_arguments_raise_clear_errors():
         MultiHeadAttention(num_heads=2, key_dim=2, dropout_rate=1.5)
     with pytest.raises(ValueError, match="encoder_outputs"):
         TransformerDecoder(num_heads=2, dff=8)(np.ones((1, 2, 8), "float32"))
+    for block in (TransformerEncoder, TransformerDecoder):  # "False" is truthy: it built pre-LN blocks
+        with pytest.raises(ValueError, match=r"`norm_first` must be a bool \(True or False\); got 'False' \(str\)"):
+            block(num_heads=2, dff=8, norm_first="False")
+    assert TransformerEncoder(num_heads=2, dff=8, norm_first=np.bool_(True)).norm_first is True
 
 
 def test_self_attention_of_one_input_masks_its_padding():

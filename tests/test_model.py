@@ -714,6 +714,7 @@ def test_step_by_step_decoding_checks_its_python_arguments():
     ({"pad_id": 30}, r"below both vocabulary sizes \(30, 40\); got 30"),
     ({"pad_id": -1}, "got -1"),
     ({"dtype": "int32"}, "`dtype` is a float dtype policy .* got 'int32'"),
+    ({"norm_first": "False"}, r"`norm_first` must be a bool \(True or False\); got 'False' \(str\)"),
 ])
 def test_build_transformer_refuses_a_pad_id_or_dtype_it_cannot_use(argument, message):
     """`pad_id=None` failed in `int()`, and `dtype="int32"` in a tensor

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
 from keras_transformer.validation import check_epsilon
 
@@ -40,7 +41,7 @@ class TransformerBlock(keras.layers.Layer):
         self.activation_dropout_rate = float(activation_dropout_rate)
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = check_epsilon(layer_norm_epsilon, "layer_norm_epsilon")
-        self.norm_first = bool(norm_first)
+        self.norm_first = check_bool(norm_first, "norm_first")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
 

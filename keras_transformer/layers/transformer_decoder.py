@@ -168,8 +168,9 @@ class TransformerDecoder(TransformerBlock):
         `(outputs (batch, 1, d_model), self_attention_cache)`.
 
     Raises:
-        ValueError: if `num_heads` does not divide `d_model`, if
-            `encoder_outputs` (or, cached, `cross_attention_cache`) is
+        ValueError: if `num_heads` does not divide `d_model`, `norm_first`
+            is not a bool, if `encoder_outputs` (or, cached,
+            `cross_attention_cache`) is
             missing, or for a cached call on more than one position or
             without `self_attention_cache_update_index`.
 

@@ -48,7 +48,8 @@ class TransformerEncoder(TransformerBlock):
         float tensor `(batch, length, d_model)` with the input's Keras mask.
 
     Raises:
-        ValueError: if `num_heads` does not divide `d_model`.
+        ValueError: if `num_heads` does not divide `d_model`, or
+            `norm_first` is not a bool.
 
     Example:
     >>> import numpy as np

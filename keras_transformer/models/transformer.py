@@ -17,6 +17,7 @@ from keras_transformer.layers.transformer_decoder import cached_step_masks
 from keras_transformer.layers.transformer_encoder import TransformerEncoder
 from keras_transformer.models.checked_steps import CheckedXLASteps
 from keras_transformer.models.presets import get_preset
+from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
 from keras_transformer.validation import check_rate
 
@@ -146,6 +147,7 @@ class Transformer(CheckedXLASteps, keras.Model):
             dff=dff,
             sequence_length=sequence_length,
         )
+        norm_first = check_bool(norm_first, "norm_first")
         if tie_embeddings not in TIE_EMBEDDINGS:
             raise ValueError(
                 f"tie_embeddings must be one of {TIE_EMBEDDINGS}; got {tie_embeddings!r}."
@@ -646,8 +648,8 @@ def build_transformer(
         ValueError: for non-positive sizes, `num_heads` not dividing
             `d_model`, an unknown `tie_embeddings`, `"all"` with two
             vocabulary sizes, a `pad_id` that is not an id of both
-            vocabularies, or a `dtype` policy that does not compute in
-            floats.
+            vocabularies, a `norm_first` that is not a bool, or a `dtype`
+            policy that does not compute in floats.
 
     Example:
     >>> import numpy as np
