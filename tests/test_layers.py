@@ -911,7 +911,13 @@ def test_token_ids_that_are_not_integers_are_refused():
     for ids, dtype in ((np.array([[1.5, 2.7]]), "float"), (np.array([[True, False]]), "bool")):
         with pytest.raises(TypeError, match=f"PositionalEmbedding.*must be integer token ids; got {dtype}"):
             layer(ids)
-    with pytest.raises(ValueError, match="`start_index` is the position of inputs.*got -1"):
-        layer(np.array([[1, 2]]), start_index=-1)
+    for start in (-1, np.int64(-1), ops.convert_to_tensor(-1)):  # NumPy and tensors failed in a Slice op
+        with pytest.raises(ValueError, match="`start_index` is the position of inputs.*got -1"):
+            layer(np.array([[1, 2]]), start_index=start)
+    for start in (1.5, True, np.float32(1.0), ops.convert_to_tensor(1.0)):  # failed in conversions
+        with pytest.raises(TypeError, match="`start_index` is the integer position of inputs"):
+            layer(np.array([[1, 2]]), start_index=start)
+    np.testing.assert_array_equal(to_numpy(layer(np.array([[1, 2]]), start_index=np.int64(2))),
+                                  to_numpy(layer(np.array([[1, 2]]), start_index=2)))
     np.testing.assert_array_equal(to_numpy(layer(np.array([[1, 2]], "int64"))),
                                   to_numpy(layer(np.array([[1, 2]], "int32"))))

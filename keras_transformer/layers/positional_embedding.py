@@ -91,6 +91,25 @@ def _concrete_int(value):
         return None
 
 
+def _check_start_index(start_index):
+    """Raises unless `start_index` is an integer position, 0 or more where
+    its value is known (a Python or NumPy int, or an eager scalar tensor):
+    a negative one failed in a Slice op, a float or bool in a conversion."""
+    dtype = getattr(start_index, "dtype", None)
+    if dtype is not None:
+        integer = "int" in keras.backend.standardize_dtype(dtype)
+    else:
+        integer = isinstance(start_index, int) and not isinstance(start_index, bool)
+    if not integer:
+        raise TypeError(
+            f"`start_index` is the integer position of inputs[:, 0]; got {start_index!r} "
+            f"({type(start_index).__name__})."
+        )
+    start = _concrete_int(start_index)
+    if start is not None and start < 0:
+        raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start}.")
+
+
 def check_sequence_length(inputs, sequence_length, name, start_index=0):
     """`inputs`, once their length (axis 1) plus `start_index` is checked
     not to pass `sequence_length`, the rows of the position table (section
@@ -200,8 +219,10 @@ class PositionalEmbedding(keras.layers.Layer):
         that carry no Keras mask.
 
     Raises:
-        TypeError: for ids that are not integers (floats, strings, bools).
-        ValueError: for a length of 0, a negative `start_index`, or when
+        TypeError: for ids that are not integers (floats, strings, bools),
+            or a `start_index` that is not an integer.
+        ValueError: for a length of 0, a negative `start_index` (where its
+            value is known), or when
             `length + start_index` exceeds `sequence_length` (for a
             statically known length), for an id outside the vocabulary
             (see `check_id_range` for the errors in compiled code), on a
@@ -288,8 +309,7 @@ class PositionalEmbedding(keras.layers.Layer):
             fix="Tokenize to int32 ids first, or pass reverse=True to project decoder outputs onto "
                 "the vocabulary",
         )
-        if isinstance(start_index, int) and start_index < 0:
-            raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start_index}.")
+        _check_start_index(start_index)
         if len(inputs.shape) != 2:
             raise ValueError(
                 f"PositionalEmbedding expects token ids of shape (batch, length) ({self.name}); "
