@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_transformer.validation import check_epsilon
+from keras_transformer.validation import check_rate
+
 _FUSED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -38,6 +41,10 @@ class Adam(keras.optimizers.Adam):
         `WarmupSchedule`), `beta_1`, `beta_2`, `epsilon`, `amsgrad`, and
         the base optimizer's keyword arguments.
 
+    Raises:
+        ValueError: for `beta_1` or `beta_2` outside `[0, 1)`, or an
+            `epsilon` that is not a finite number > 0.
+
     Example:
 
     ```python
@@ -52,6 +59,14 @@ class Adam(keras.optimizers.Adam):
         algorithm 1 with the efficiency note of section 2 (the epsilon-hat
         form above); Vaswani et al. (2017), section 5.3.
     """
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False,
+                 **kwargs):
+        # Keras takes any value: a beta of 1.5 diverges, a beta of 1 divides
+        # by 1 - beta^t = 0.
+        super().__init__(learning_rate, beta_1=check_rate(beta_1, "beta_1"),
+                         beta_2=check_rate(beta_2, "beta_2"), epsilon=check_epsilon(epsilon, "epsilon"),
+                         amsgrad=amsgrad, **kwargs)
 
     @property
     def iterations(self):

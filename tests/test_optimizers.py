@@ -108,6 +108,16 @@ def test_adam_config_round_trip():
     assert restored.get_config() == optimizer.get_config()
 
 
+@pytest.mark.parametrize("argument, message", [
+    ({"beta_1": 1.5}, r"`beta_1` must be a number in \[0, 1\); got 1.5"),  # Keras's Adam took it
+    ({"beta_2": 1.0}, r"`beta_2` must be a number in \[0, 1\); got 1.0"),  # divided by 1 - beta_2^t = 0
+    ({"epsilon": 0.0}, r"`epsilon` must be a finite number > 0; got 0.0"),
+])
+def test_adam_refuses_moments_and_epsilon_it_cannot_use(argument, message):
+    with pytest.raises(ValueError, match=message):
+        Adam(1e-3, **argument)
+
+
 @pytest.mark.skipif(
     keras.backend.backend() == "jax", reason="JAX applies LossScaleOptimizer statelessly only"
 )
