@@ -232,6 +232,11 @@ def test_misaligned_inputs_raise(tmp_path, tokenizers):
         read_parallel(a, b)
     with pytest.raises(ValueError, match="2 source and 1 target"):
         make_dataset(["x", "y"], ["z"], *tokenizers)
+    # A sentence where a path belongs was a bare FileNotFoundError: 'A dog.' (a new-user trial).
+    with pytest.raises(FileNotFoundError, match=r"`src` is a single string but not an existing file: 'A dog\.'.*\[sentence\]"):
+        make_dataset("A dog.", "Ein Hund.", *tokenizers)
+    with pytest.raises(FileNotFoundError, match=r"`tgt` is a single string but not an existing file: 'Ein Hund\.'"):
+        make_dataset(["A dog."], "Ein Hund.", *tokenizers)
     with pytest.raises(ValueError, match="sequence_length"):
         make_dataset(["x"], ["y"], *tokenizers, sequence_length=1)
     with pytest.raises(ValueError, match="tokens_per_batch"):

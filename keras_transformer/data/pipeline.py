@@ -95,9 +95,17 @@ def read_pairs(src, tgt):
         `(src_lines, tgt_lines)`, two lists of `str` of one length.
 
     Raises:
+        FileNotFoundError: for a path (or a sentence passed as one) that is
+            not a file.
         ValueError: for another type, misaligned inputs, or no pair with
             both sides non-blank.
     """
+    for data, name in ((src, "src"), (tgt, "tgt")):
+        if isinstance(data, str) and not os.path.exists(data):
+            raise FileNotFoundError(
+                f"`{name}` is a single string but not an existing file: {data!r:.80}. Pass a path "
+                "(plain or .gz, one sentence a line) or a list of sentences ([sentence] for one)."
+            )
     if isinstance(src, (str, os.PathLike)) and isinstance(
         tgt, (str, os.PathLike)
     ):
