@@ -70,7 +70,9 @@ def _add_training_args(parser):
                         help="drop the --extra-train pairs a --config file lists")
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
-    parser.add_argument("--output-dir", default=defaults.output_dir, help="run folder (resumes if it exists)")
+    parser.add_argument("--output-dir", default=defaults.output_dir,
+                        help="run folder; if it exists, train resumes it with the settings of its "
+                             "config.json (flags given override them)")
     parser.add_argument("--preset", default=defaults.preset, choices=["base", "big", "small", "tiny"],
                         help="model size (default: %(default)s): base and big are the paper's "
                              "table 3, small is 3 layers of d_model 256")
@@ -366,7 +368,15 @@ def _apply_config_file(parser, argv):
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
+    pre.add_argument("--output-dir")
     known, _ = pre.parse_known_args(argv)
+    if not known.config and known.output_dir:
+        # Resuming a run folder: its own settings, unless flags say otherwise.
+        recorded = os.path.join(known.output_dir, "config.json")
+        if os.path.isfile(recorded):
+            known.config = recorded
+            parser.set_defaults(config=recorded)
+            print(f"Settings from {recorded} (flags given override them)", file=sys.stderr)
     if known.config:
         try:
             values = read_config_file(known.config)

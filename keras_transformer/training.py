@@ -46,6 +46,7 @@ from keras_transformer.config import check_run_folder
 from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
+from keras_transformer.languages import pair_of_files
 from keras_transformer.data.text_files import read_lines
 from keras_transformer.devices import has_accelerator
 from keras_transformer.devices import host_description
@@ -319,6 +320,13 @@ def _check_resumable(out, config, model_config):
         before, now = saved.get("training", {}).get(key, _FIXED_DEFAULTS.get(key)), getattr(config, key)
         if before != now:
             changes.append(f"{key} {before!r} -> {now!r}")
+    # The language pair of the training files (their names' codes): swapped
+    # files would train the run's weights and tokenizers the other way.
+    recorded = saved.get("training", {})
+    pair_before = pair_of_files(recorded.get("train_src") or "", recorded.get("train_tgt") or "")
+    pair_now = pair_of_files(config.train_src, config.train_tgt)
+    if pair_before and pair_now and pair_before != pair_now:
+        changes.append("languages {}->{} -> {}->{}".format(*pair_before, *pair_now))
     for key in _FIXED_MODEL:
         saved_model = saved.get("model", {})
         before = saved_model.get(key, saved_model.get(_OLD_NAMES.get(key), _FIXED_DEFAULTS.get(key)))

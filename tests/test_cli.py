@@ -47,6 +47,19 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     assert "d_model 128 -> 64" in err and "--output-dir" in err
     with open(os.path.join(run, "config.json")) as f:
         assert f.read() == saved_config
+    # So is resuming it with its files swapped (it trained en->de weights and
+    # tokenizers on de->en pairs, a new-user trial).
+    swapped = [{"train.en": "train.de", "train.de": "train.en"}.get(os.path.basename(a), None) for a in train_args]
+    with pytest.raises(SystemExit) as info:
+        main([str(data / name) if name else a for a, name in zip(train_args, swapped)])
+    assert info.value.code == 1 and "languages en->de -> de->en" in capsys.readouterr().err
+    # The folder alone resumes it with its own settings (validation files included).
+    main(["train", "--output-dir", run])
+    captured = capsys.readouterr()
+    assert f"Settings from {os.path.join(run, 'config.json')}" in captured.err
+    assert "Nothing trained" in captured.out and "Settings changed" not in captured.out
+    with open(os.path.join(run, "config.json")) as f:
+        assert json.load(f)["training"] == json.loads(saved_config)["training"]
     for name in ("config.json", "best.keras", "model.keras", "source.model", "target.model"):
         assert os.path.exists(os.path.join(run, name)), name
     capsys.readouterr()
