@@ -768,3 +768,18 @@ def test_ids_that_are_not_integers_are_refused_by_the_model_and_its_loss_and_met
         model.fit(dict(x, decoder_inputs=x["decoder_inputs"].astype("float32")), labels, epochs=1, verbose=0)
     for before, after in zip(weights, model.weights):
         np.testing.assert_array_equal(before, to_numpy(after))
+
+
+def test_jit_compile_on_torch_falls_back_with_a_warning():
+    """torch.compile of the training step failed after minutes with a
+    KeyError ('inputs_mask') from torch's dynamo (a new-user trial): on torch
+    `jit_compile=True` compiles without it and says so; fit then trains."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("jit_compile=True is torch.compile on torch only")
+    model = small_model()
+    with pytest.warns(UserWarning, match="compiling with jit_compile=False"):
+        model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), jit_compile=True)
+    assert model.jit_compile is False
+    x = inputs([[5, 6, END]], [[START, 8, 9]])
+    history = model.fit(x, np.array([[8, 9, END]], "int32"), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
