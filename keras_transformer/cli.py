@@ -71,8 +71,8 @@ def _add_training_args(parser):
     parser.add_argument("--val-src", help="validation source file")
     parser.add_argument("--val-tgt", help="validation target file")
     parser.add_argument("--output-dir", default=defaults.output_dir,
-                        help="run folder; if it exists, train resumes it with the settings of its "
-                             "config.json (flags given override them)")
+                        help="run folder (resumes if it exists; without --train-src/--train-tgt, "
+                             "with the settings of its config.json, which flags given override)")
     parser.add_argument("--preset", default=defaults.preset, choices=["base", "big", "small", "tiny"],
                         help="model size (default: %(default)s): base and big are the paper's "
                              "table 3, small is 3 layers of d_model 256")
@@ -369,9 +369,12 @@ def _apply_config_file(parser, argv):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     pre.add_argument("--output-dir")
+    pre.add_argument("--train-src")
+    pre.add_argument("--train-tgt")
     known, _ = pre.parse_known_args(argv)
-    if not known.config and known.output_dir:
-        # Resuming a run folder: its own settings, unless flags say otherwise.
+    if not (known.config or known.train_src or known.train_tgt) and known.output_dir:
+        # A run folder without training files: resumed with its own
+        # settings, unless flags say otherwise.
         recorded = os.path.join(known.output_dir, "config.json")
         if os.path.isfile(recorded):
             known.config = recorded
