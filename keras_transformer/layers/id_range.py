@@ -48,8 +48,6 @@ def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
     ...
     keras_transformer.layers.id_range.TokenIdTypeError: `encoder_inputs` must be integer token ids; got float64 ids. Tokenize to int32 ids first (a float id would be cut to an integer without a word).
     """
-    if _traced_for_shapes_under_a_strategy():
-        return
     dtype = getattr(ids, "dtype", None)
     if dtype is None:
         dtype = np.asarray(ids).dtype
@@ -57,7 +55,7 @@ def check_integer_ids(ids, name, fix="Tokenize to int32 ids first"):
         dtype = keras.backend.standardize_dtype(dtype)
     except ValueError:  # NumPy strings and objects
         dtype = str(dtype)
-    if "int" not in dtype:
+    if "int" not in dtype and not _traced_for_shapes_under_a_strategy():
         raise TokenIdTypeError(
             f"{name} must be integer token ids; got {dtype} ids. {fix} "
             "(a float id would be cut to an integer without a word)."
