@@ -814,3 +814,19 @@ def test_keras_quantized_model_decodes_through_its_quantized_layers():
     for t in range(target.shape[1]):
         logits, caches = quantized.decode_step(target[:, t], t, caches, cross, mask)
         np.testing.assert_allclose(to_numpy(logits), full[:, t], atol=1e-4 * spread)
+
+
+def test_a_huge_length_ratio_caps_at_max_length(parts):
+    """`ceil(ratio * source_length) + offset` overflowed int32 for a ratio of
+    1e9: every limit became negative and every output empty (a new-user
+    trial). Now it is capped at the positional limit, as no ratio is."""
+    from keras_transformer.decoding.limits import decode_limits
+
+    mask = SOURCES != PAD
+    np.testing.assert_array_equal(to_numpy(decode_limits(mask, 9, length_ratio=1e9)), [9, 9])
+    np.testing.assert_array_equal(to_numpy(decode_limits(mask, 9, length_ratio=0.5, length_offset=1)), [3, 4])
+    for search in (greedy_search, beam_search):
+        plain, plain_scores = search(parts, SOURCES, start_id=START, end_id=END)
+        huge, huge_scores = search(parts, SOURCES, start_id=START, end_id=END, length_ratio=1e9)
+        np.testing.assert_array_equal(to_numpy(huge), to_numpy(plain))
+        np.testing.assert_allclose(to_numpy(huge_scores), to_numpy(plain_scores), atol=1e-6)

@@ -23,10 +23,11 @@ def decode_limits(source_mask, max_length, length_ratio=None, length_offset=10):
     source_length = ops.sum(ops.cast(source_mask, "int32"), axis=-1)
     limit = ops.full_like(source_length, max_length)
     if length_ratio is not None:
-        relative = ops.cast(
-            ops.ceil(ops.cast(source_length, "float32") * length_ratio), "int32"
-        ) + length_offset
-        limit = ops.minimum(limit, relative)
+        # Capped in float32 before the cast: a ratio of 1e9 overflowed int32
+        # and made every output empty.
+        relative = ops.ceil(ops.cast(source_length, "float32") * length_ratio) + float(length_offset)
+        relative = ops.minimum(relative, float(max_length))
+        limit = ops.minimum(limit, ops.cast(relative, "int32"))
     return ops.maximum(limit, 1)
 
 
