@@ -474,6 +474,10 @@ def cmd_evaluate(args):
             raise ValueError(f"--output {args.output}: " + ("is a folder; name a file to write the translations to."
                              if os.path.isdir(args.output) else f"the folder {folder} does not exist; create it "
                              "or write the translations elsewhere."))
+        for flag, path in (("--src", args.src), ("--ref", args.ref)):
+            if os.path.exists(args.output) and os.path.samefile(args.output, path):
+                raise ValueError(f"--output {args.output} is the {flag} file: writing the translations "
+                                 "there would replace it. Name another file.")
     if args.saved_model:  # the flag and folder errors first: they say more than a language check would
         _check_saved_model_args(args)
         check_saved_model_folder(args.saved_model)

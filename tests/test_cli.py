@@ -550,13 +550,20 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
     assert info.value.code == 1
     assert "typo.en is not a file" in capsys.readouterr().err
     # An --output that cannot be written is refused before the load too.
+    # So is the --src or --ref file itself, which the translations overwrote (a new-user trial).
+    src, ref = tmp_path / "val.en", tmp_path / "val.de"
+    src.write_text("A dog.\n")
+    ref.write_text("Ein Hund.\n")
     for output, says in ((tmp_path / "no-folder" / "out.txt", "no-folder does not exist; create it"),
-                         (tmp_path, "is a folder; name a file")):
+                         (tmp_path, "is a folder; name a file"),
+                         (ref, "is the --ref file: writing the translations there would replace it"),
+                         (tmp_path / "." / "val.en", "is the --src file")):
         with pytest.raises(SystemExit) as info:
-            main(["evaluate", "--run", str(tmp_path / "no-run"), "--src", __file__, "--ref", __file__,
+            main(["evaluate", "--run", str(tmp_path / "no-run"), "--src", str(src), "--ref", str(ref),
                   "--output", str(output)])
         assert info.value.code == 1
         assert says in capsys.readouterr().err
+    assert ref.read_text() == "Ein Hund.\n"
 
 
 @pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
