@@ -279,7 +279,8 @@ def read_saved_model(path):
 
     Raises:
         FileNotFoundError: if `path` holds no `saved_model.pb`.
-        ValueError: for a SavedModel that `export_translator` did not write.
+        ValueError: for a SavedModel that `export_translator` did not write,
+            or one with int8 weights (they cannot be rebuilt into a model).
     """
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel folder (no saved_model.pb).")
@@ -293,6 +294,13 @@ def read_saved_model(path):
     if "decoding" not in metadata or "special_ids" not in metadata:
         raise ValueError(f"{path} has no keras_transformer.json written by export_translator; read only "
                          "SavedModels exported by keras-transformer.")
+    if metadata.get("weights_dtype") == "int8":
+        raise ValueError(
+            f"{path} stores its matrices in int8 (export --weights-dtype int8), from which a model "
+            "cannot be rebuilt (for an ensemble, a CTranslate2 conversion or a new search). Use "
+            "the run folder it was exported from, or an export with float16 or float32 weights; "
+            "load_translator serves the int8 export as it is."
+        )
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())

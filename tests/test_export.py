@@ -355,6 +355,12 @@ def test_int8_weight_storage_serves_the_dequantized_model(exported, tmp_path, na
     assert got == want
     ids = loaded.signatures["translate_ids"](source_ids=tf.constant([[5, 6, 3]]))["target_ids"]
     assert ids.dtype == tf.int32
+    # A model cannot be rebuilt from it (ensembles, CTranslate2, another
+    # search): a clear error, not KeyError 'encoder_embedding/...' (a new-user trial).
+    from keras_transformer.loading import translator_from_saved_model
+
+    with pytest.raises(ValueError, match=r"stores its matrices in int8 .* Use the run folder"):
+        translator_from_saved_model(path, beam_size=2)
 
 
 def test_n_best_and_token_id_signatures(exported):
