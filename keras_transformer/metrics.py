@@ -107,8 +107,8 @@ class MaskedAccuracy(keras.metrics.Metric):
         `result()`: a scalar float32 tensor, `correct / max(count, 1)`.
 
     Raises:
-        ValueError: if `pad_id` is not an int or the ranks of `y_true` and
-            `y_pred` do not match.
+        ValueError: if `pad_id` is not an int, `dtype` is not float32 or
+            float64, or the ranks of `y_true` and `y_pred` do not match.
         TypeError: if `y_true` is not integer ids.
 
     Example:
@@ -124,6 +124,12 @@ class MaskedAccuracy(keras.metrics.Metric):
     def __init__(self, pad_id=0, name="masked_accuracy", dtype="float32"):
         _check_pad_id(pad_id)
         super().__init__(name=name, dtype=dtype)
+        if self.dtype not in ("float32", "float64"):
+            # int32 rounded 0.5 to 0; float16 stops counting at 2,048 tokens.
+            raise ValueError(
+                f"MaskedAccuracy counts tokens in its `dtype`, float32 or float64; got {self.dtype}. "
+                "Leave dtype at its default: the model's precision does not change it."
+            )
         self.pad_id = pad_id
         self.correct = self.add_variable(
             shape=(), initializer="zeros", dtype=self.dtype, name="correct"
