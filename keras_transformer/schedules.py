@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -72,7 +73,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Raises:
         ValueError: if `d_model`, `warmup_steps` or `scale` is not a positive,
-            finite number, or `total_steps` / `cooldown_steps` are not both
+            finite number, if together they give a rate of 0 or inf in
+            float32 at step 1 or at the peak, or `total_steps` / `cooldown_steps` are not both
             None or both positive integers with `cooldown_steps <=
             total_steps`.
 
@@ -99,6 +101,24 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         _check_positive("d_model", d_model)
         _check_positive("warmup_steps", warmup_steps)
         _check_positive("scale", scale)
+        # The rate at step 1 and at its peak (step `warmup_steps`) must be
+        # finite and positive in float32: d_model=1e300 gave 0 at every step,
+        # d_model=1e-300 inf.
+        try:
+            factor = float(scale) * float(d_model) ** -0.5
+            rates = (factor * min(1.0, float(warmup_steps) ** -1.5),
+                     factor * max(1.0, float(warmup_steps)) ** -0.5)
+        except (OverflowError, ZeroDivisionError):
+            rates = (math.inf,)
+        with np.errstate(over="ignore"):
+            in_float32 = [float(np.float32(rate)) for rate in rates]
+        if not all(0.0 < rate < math.inf for rate in in_float32):
+            raise ValueError(
+                f"WarmupSchedule(d_model={d_model!r}, warmup_steps={warmup_steps!r}, scale={scale!r}) "
+                "gives learning rates of 0 or inf in float32 (section 5.3's "
+                "scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)); use the "
+                "model's d_model and a warmup of some steps."
+            )
         if (total_steps is None) != (cooldown_steps is None):
             raise ValueError(
                 "`total_steps` and `cooldown_steps` go together (the cooldown ends at "

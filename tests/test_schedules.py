@@ -241,3 +241,14 @@ def test_cooldown_survives_config_serialization_and_model_save(tmp_path):
 def test_bad_cooldown_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         WarmupSchedule(d_model=128, warmup_steps=10, **kwargs)
+
+
+@pytest.mark.parametrize("settings", [
+    {"d_model": 1e-300}, {"d_model": 1e300}, {"scale": 1e300}, {"warmup_steps": 1e300}, {"warmup_steps": 1e-300},
+])
+def test_settings_whose_rate_is_zero_or_inf_in_float32_are_refused(settings):
+    """They passed the positive-and-finite checks and gave inf or 0 at every
+    step, or an OverflowError when called (a new-user trial)."""
+    arguments = dict({"d_model": 16, "warmup_steps": 10}, **settings)
+    with pytest.raises(ValueError, match="gives learning rates of 0 or inf in float32"):
+        WarmupSchedule(**arguments)
