@@ -13,6 +13,7 @@ from keras_transformer.decoding import growing_cache
 from keras_transformer.decoding import strategies
 from keras_transformer.decoding.ensemble import EnsembleParts
 from keras_transformer.decoding.model_parts import TransformerParts
+from keras_transformer.layers.id_range import check_id_range
 from keras_transformer.decoding.model_parts import transposed_output_table as transposed_output_table_of
 from keras_transformer.precision import compute_dtype
 from keras_transformer.source_notices import warn_about_sources
@@ -293,6 +294,12 @@ class Translator(tf.Module):
             `(tokens int32 (batch, n_best, length), scores float32 (batch,
             n_best))`; with `beam_size=1`, `n_best` must be 1 and scores
             are summed log-probabilities.
+
+        Raises:
+            ValueError: (eager) for `n_best` outside `[1, beam_size]` or an id
+                outside the source vocabulary.
+            tf.errors.InvalidArgumentError: (in a graph) the latter, at run
+                time.
         """
         if n_best > self.search.max_n_best or n_best < 1:
             if self.beam_size == 1:
@@ -300,6 +307,11 @@ class Translator(tf.Module):
             raise ValueError(f"`n_best` must be in [1, beam_size={self.beam_size}]; got {n_best}.")
         if not self.jit_compile:
             return self._in_parallel(self._search, source_ids, n_best)
+        # XLA drops the search's id checks (its Assert ops) and clamps the
+        # embedding lookups, so an id outside the vocabulary decoded as the
+        # table's first or last row: checked here, outside XLA.
+        source_ids = check_id_range(tf.convert_to_tensor(source_ids), self.src_tokenizer.vocab_size,
+                                    "`source_ids`")
 
         def compiled():
             length = tf.shape(source_ids)[1]

@@ -454,6 +454,12 @@ def test_xla_compiled_search_gives_the_same_translations(exported, transposed):
                           beam_size=translator.beam_size, jit_compile=True,
                           transposed_output_table=transposed)
         assert fast(INPUTS).numpy().tolist() == translator(INPUTS).numpy().tolist(), name
+    # XLA dropped the search's id checks: an id outside the vocabulary decoded
+    # as the table's last row (a new-user trial); now as without XLA, an error.
+    vocab = fast.src_tokenizer.vocab_size
+    for bad in (vocab, -5):
+        with pytest.raises(ValueError, match=rf"`source_ids` must be token ids in \[0, {vocab}\)"):
+            fast.translate_ids(tf.constant([[bad, 3]]))
 
 
 @pytest.mark.parametrize("weights_dtype", ["float32", "float16"])
