@@ -146,7 +146,13 @@ def average_checkpoints(model, paths):
 
     Returns:
         `model`, holding the averaged weights.
+
+    Raises:
+        TypeError: for one path instead of a list of them.
     """
+    if isinstance(paths, (str, bytes, os.PathLike)):  # its characters were read as paths
+        raise TypeError(f"average_checkpoints takes a list of weight files; got one path, {paths!r}: "
+                        "wrap it as [path].")
     weight_lists = []
     for path in paths:
         model.load_weights(path)

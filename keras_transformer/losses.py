@@ -1,14 +1,16 @@
 """Padding-aware cross-entropy with label smoothing for sequence targets."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_integer_ids
 from keras_transformer.layers.id_range import check_label_ids
+from keras_transformer.validation import check_bool
 
 
 def _check_args(pad_id, label_smoothing):
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+    if isinstance(pad_id, (bool, np.bool_)) or not isinstance(pad_id, (int, np.integer)):
         raise ValueError(
             f"`pad_id` must be an int token id. Received: pad_id={pad_id!r}."
         )
@@ -314,9 +316,9 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
         # float32 whatever the global policy: the loss of a mixed-precision
         # model must not be computed in float16.
         super().__init__(name=name, reduction=reduction, dtype="float32")
-        self.pad_id = pad_id
+        self.pad_id = int(pad_id)
         self.label_smoothing = label_smoothing
-        self.from_logits = from_logits
+        self.from_logits = check_bool(from_logits, "from_logits")  # "False" is truthy
 
     def call(self, y_true, y_pred):
         """Per-token losses `(batch, T)`, float32, 0 at padding."""

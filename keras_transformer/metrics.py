@@ -1,6 +1,7 @@
 """Token-level accuracy that ignores padding."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_integer_ids
@@ -8,7 +9,7 @@ from keras_transformer.losses import per_token_weight
 
 
 def _check_pad_id(pad_id):
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+    if isinstance(pad_id, (bool, np.bool_)) or not isinstance(pad_id, (int, np.integer)):
         raise ValueError(
             f"`pad_id` must be an int token id. Received: pad_id={pad_id!r}."
         )
@@ -130,7 +131,7 @@ class MaskedAccuracy(keras.metrics.Metric):
                 f"MaskedAccuracy counts tokens in its `dtype`, float32 or float64; got {self.dtype}. "
                 "Leave dtype at its default: the model's precision does not change it."
             )
-        self.pad_id = pad_id
+        self.pad_id = int(pad_id)
         self.correct = self.add_variable(
             shape=(), initializer="zeros", dtype=self.dtype, name="correct"
         )

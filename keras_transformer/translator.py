@@ -170,8 +170,8 @@ class Translator(tf.Module):
         beam_size = getattr(search, "beam_size", 1)
         length_penalty = getattr(search, "length_penalty", 0.6 if length_penalty is None else length_penalty)
         length_penalty = check_length_penalty(length_penalty)
-        if max_length is not None and int(max_length) < 1:
-            raise ValueError(f"`max_length` must be at least 1 output token; got {max_length}.")
+        if max_length is not None:  # 2.5 was cut to 2
+            max_length = check_count(max_length, "max_length", unit=" of output tokens")
         if length_ratio is not None and not (
             math.isfinite(float(length_ratio)) and float(length_ratio) > 0
         ):

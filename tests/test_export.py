@@ -405,7 +405,8 @@ def test_blank_input_gives_empty_translation_and_bad_pairings_are_refused(export
     ({"length_penalty": float("nan")}, "finite number >= 0"),
     ({"length_penalty": -1.0}, "finite number >= 0"),
     ({"beam_size": 1000}, r"exceeds the target vocabulary size \d+: pass a smaller beam"),
-    ({"max_length": 0}, "at least 1 output token"),
+    ({"max_length": 0}, r"`max_length` must be a whole number of output tokens >= 1; got 0"),
+    ({"max_length": 2.5}, r"`max_length` must be a whole number of output tokens >= 1; got 2.5"),  # was cut to 2
     ({"length_ratio": 0.0}, "finite number > 0"),
     ({"length_ratio": float("nan")}, "finite number > 0"),
 ])

@@ -406,8 +406,18 @@ def test_config_round_trip_and_saved_model(tmp_path):
         ({"label_smoothing": -0.1}, "label_smoothing"),
         ({"pad_id": 0.5}, "pad_id"),
         ({"reduction": "max"}, "reduction"),
+        ({"from_logits": "False"}, "`from_logits` must be a bool"),  # truthy: read as logits
     ],
 )
 def test_invalid_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):
         MaskedSparseCategoricalCrossentropy(**kwargs)
+
+
+def test_a_numpy_pad_id_is_an_int_pad_id():
+    """`pad_id=np.int64(0)` was refused as not an int token id (a new-user trial)."""
+    loss = MaskedSparseCategoricalCrossentropy(pad_id=np.int64(0))
+    assert loss.get_config()["pad_id"] == 0 and type(loss.pad_id) is int
+    labels, logits = np.array([[2, 0]], "int32"), np.array([[[0.0, 1.0, 2.0], [5.0, 0.0, 0.0]]], "float32")
+    assert float(to_numpy(loss(labels, logits))) == pytest.approx(
+        float(to_numpy(MaskedSparseCategoricalCrossentropy(pad_id=0)(labels, logits))))

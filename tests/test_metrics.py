@@ -168,6 +168,7 @@ def test_config_round_trip_and_saved_model(tmp_path):
 def test_invalid_pad_id_raises():
     with pytest.raises(ValueError, match="pad_id"):
         MaskedAccuracy(pad_id="0")
+    assert MaskedAccuracy(pad_id=np.int32(0)).get_config()["pad_id"] == 0  # was refused
     for dtype in ("int32", "float16", "bfloat16"):  # 0.5 read as 0; counts stuck at 2,048 (a new-user trial)
         with pytest.raises(ValueError, match=f"counts tokens in its `dtype`, float32 or float64; got {dtype}"):
             MaskedAccuracy(dtype=dtype)

@@ -219,6 +219,9 @@ def test_training_from_plain_and_gzip_files(tmp_path, corpus):
     assert from_one.proto == train_subword_tokenizer(lines[:200], 120).proto
     limited = train_subword_tokenizer(lines, vocab_size=150, max_sentences=200)
     assert limited.proto == train_subword_tokenizer(lines[:200], 150).proto
+    for bad in (-1, 0, 2.5):  # -1 trained on all but the last sentence (a new-user trial)
+        with pytest.raises(ValueError, match=f"`max_sentences` must be a whole number >= 1; got {bad}"):
+            train_subword_tokenizer(lines, vocab_size=150, max_sentences=bad)
 
 
 def test_vocab_size_too_small_or_too_large():

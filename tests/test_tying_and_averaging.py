@@ -133,6 +133,11 @@ def test_average_weights_is_the_numpy_mean():
     averaged = average_weights(sets)
     np.testing.assert_allclose(averaged[0], np.mean([s[0] for s in sets], axis=0), rtol=1e-6)
     np.testing.assert_allclose(averaged[1], np.mean([s[1] for s in sets], axis=0), rtol=1e-6)
+    # One path is not a list of them (its characters were read as paths; a new-user trial).
+    from keras_transformer.checkpoints import average_checkpoints
+
+    with pytest.raises(TypeError, match="takes a list of weight files; got one path, 'run/epoch-001"):
+        average_checkpoints(None, "run/epoch-001.weights.h5")
     np.testing.assert_array_equal(averaged[2], [2, 7])  # integer state: the last one
     with pytest.raises(ValueError, match="different shapes"):
         average_weights([sets[0], sets[1][:2] + [np.zeros(3)]])

@@ -23,6 +23,7 @@ from keras_transformer.tokenizers.subword_tokenizer import UNK_ID
 from keras_transformer.tokenizers.subword_tokenizer import UNK_PIECE
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import _SPECIALS
+from keras_transformer.validation import check_count
 
 # Trainer settings owned by `subword_tokenizer`: the special ids and pieces must
 # not be overridden through `**trainer_kwargs`.
@@ -173,8 +174,8 @@ def train_subword_tokenizer(
         )
     # What `tokenize` will feed SentencePiece: the same TensorFlow ops.
     sentences = [s for s in prepare_lines(_collect_sentences(data), lowercase) if s]
-    if max_sentences is not None:
-        sentences = sentences[: int(max_sentences)]
+    if max_sentences is not None:  # -1 dropped the last sentence
+        sentences = sentences[: check_count(max_sentences, "max_sentences")]
     if not sentences:
         raise ValueError("`data` holds no non-empty sentence to train on.")
 
