@@ -64,10 +64,14 @@ def check_search_arguments(parts, source_ids, start_id, end_id, pad_id, suppress
             `[0, parts.vocab_size)`.
     """
     check_integer_ids(source_ids, "`source_ids`")
-    shape = tuple(getattr(source_ids, "shape", np.shape(source_ids)))
-    if len(shape) != 2:
+    shape = getattr(source_ids, "shape", None)
+    try:
+        rank = np.ndim(source_ids) if shape is None else len(shape)
+    except (TypeError, ValueError):  # a graph tensor of unknown rank: the encoder checks it
+        rank = None
+    if rank is not None and rank != 2:
         raise ValueError(
-            f"`source_ids` must be ids of shape (batch, source_length); got shape {shape}. "
+            f"`source_ids` must be ids of shape (batch, source_length); got shape {tuple(np.shape(source_ids) if shape is None else shape)}. "
             "For one sentence, add a batch axis (`ids[None]`)."
         )
     vocab = parts.vocab_size
