@@ -37,6 +37,8 @@ class CheckedXLASteps:
     - jax: the step function Keras builds draws its batches and checks
       them on the host before the jitted step; on a bad batch the model's
       variables keep the values of the last good step.
+    - torch: `jit_compile=True` (`torch.compile`) falls back to False
+      with a `UserWarning`, as it fails on the model.
     - elsewhere (torch, `run_eagerly=True`, tensorflow without XLA) and for
       a subclass or instance with its own step: Keras's steps, unchanged;
       the checks inside the model raise there. Under a tf.distribute
@@ -91,6 +93,18 @@ class CheckedXLASteps:
     # === Internals ===
 
     def _make_checked(self, kind, force, make):
+        if self.jit_compile is True and keras.backend.backend() == "torch":
+            # torch.compile of the step failed after minutes: torch 2.13's
+            # dynamo raises KeyError 'inputs_mask' while it recompiles the
+            # decoder's attention.
+            warnings.warn(
+                "jit_compile=True on torch compiles the step with torch.compile, which fails on "
+                "this model (torch's dynamo raises KeyError: 'inputs_mask' while recompiling the "
+                "decoder's attention); running with jit_compile=False. For a compiled step, use "
+                "the jax or tensorflow backend.",
+                stacklevel=4,
+            )
+            self.jit_compile = False
         if getattr(self, f"{kind}_function") is not None and not force:
             return make(force)
         steps = self.__dict__.setdefault("_xla_steps", {})

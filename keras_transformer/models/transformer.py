@@ -1,7 +1,5 @@
 """The encoder-decoder Transformer, assembled with the functional API."""
 
-import warnings
-
 import keras
 import numpy as np
 from keras import ops
@@ -320,22 +318,6 @@ class Transformer(CheckedXLASteps, keras.Model):
             for name, ids in inputs.items():
                 check_integer_ids(ids, f"The model's `{name}`")
         return super().call(inputs, training=training, mask=mask, **kwargs)
-
-    def compile(self, *args, **kwargs):
-        """`keras.Model.compile`; on torch, `jit_compile=True` falls back to
-        False with a `UserWarning`: `torch.compile` of this model's step fails
-        there (torch 2.13's dynamo raises a KeyError, 'inputs_mask', while it
-        recompiles the decoder's attention for a second call), after minutes."""
-        if kwargs.get("jit_compile") is True and keras.backend.backend() == "torch":
-            warnings.warn(
-                "jit_compile=True on torch compiles the step with torch.compile, which fails on "
-                "this model (torch's dynamo raises KeyError: 'inputs_mask' while recompiling the "
-                "decoder's attention); compiling with jit_compile=False. For a compiled step, use "
-                "the jax or tensorflow backend.",
-                stacklevel=2,
-            )
-            kwargs["jit_compile"] = False
-        return super().compile(*args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict`; inputs of different numbers of rows are a
