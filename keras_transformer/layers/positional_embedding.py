@@ -92,9 +92,9 @@ def _concrete_int(value):
 
 
 def _check_start_index(start_index):
-    """Raises unless `start_index` is an integer position, 0 or more where
-    its value is known (a Python or NumPy int, or an eager scalar tensor):
-    a negative one failed in a Slice op, a float or bool in a conversion."""
+    """Raises TypeError unless `start_index` is an integer position (a float
+    or bool failed in a conversion); `check_sequence_length` refuses a
+    negative one."""
     dtype = getattr(start_index, "dtype", None)
     if dtype is not None:
         integer = "int" in keras.backend.standardize_dtype(dtype)
@@ -105,9 +105,6 @@ def _check_start_index(start_index):
             f"`start_index` is the integer position of inputs[:, 0]; got {start_index!r} "
             f"({type(start_index).__name__})."
         )
-    start = _concrete_int(start_index)
-    if start is not None and start < 0:
-        raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start}.")
 
 
 def check_sequence_length(inputs, sequence_length, name, start_index=0):
@@ -127,13 +124,16 @@ def check_sequence_length(inputs, sequence_length, name, start_index=0):
         a control dependency).
 
     Raises:
-        ValueError: when the length and start are known here and too long
+        ValueError: when the start is known here and negative, or the length
+            and start are known here and too long
             (a start known only at run time, as in cached decoding, is
             not checked: the search bounds it).
         tf.errors.InvalidArgumentError: (tensorflow graph, length unknown
             until run time) the same, at run time.
     """
     length, start = inputs.shape[1], _concrete_int(start_index)
+    if start is not None and start < 0:  # a NumPy or tensor one failed in a Slice op
+        raise ValueError(f"`start_index` is the position of inputs[:, 0], 0 or more; got {start}.")
     if length is not None:  # with a start known only at run time, unchecked
         if start is not None and length + start > sequence_length:
             raise ValueError(
