@@ -13,7 +13,7 @@ from keras_transformer.decoding import growing_cache
 from keras_transformer.decoding import strategies
 from keras_transformer.decoding.ensemble import EnsembleParts
 from keras_transformer.decoding.model_parts import TransformerParts
-from keras_transformer.layers.id_range import check_id_range
+from keras_transformer.layers.id_range import check_id_range, check_integer_ids
 from keras_transformer.decoding.model_parts import transposed_output_table as transposed_output_table_of
 from keras_transformer.precision import compute_dtype
 from keras_transformer.source_notices import warn_about_sources
@@ -296,11 +296,15 @@ class Translator(tf.Module):
             are summed log-probabilities.
 
         Raises:
+            TypeError: for ids of a float, bool or string dtype
+                (`TokenIdTypeError`).
             ValueError: (eager) for `n_best` outside `[1, beam_size]` or an id
                 outside the source vocabulary.
             tf.errors.InvalidArgumentError: (in a graph) the latter, at run
                 time.
         """
+        # Before the search's tf.function, whose trace would wrap the error.
+        check_integer_ids(source_ids, "`source_ids`", fix="Pack int32 ids (`encode_source`)")
         if n_best > self.search.max_n_best or n_best < 1:
             if self.beam_size == 1:
                 raise ValueError("Greedy decoding (beam_size=1) returns n_best=1 only.")

@@ -461,6 +461,12 @@ def test_xla_compiled_search_gives_the_same_translations(exported, transposed):
     for bad in (vocab, -5):
         with pytest.raises(ValueError, match=rf"`source_ids` must be token ids in \[0, {vocab}\)"):
             fast.translate_ids(tf.constant([[bad, 3]]))
+    # Float or bool ids were a StagingError from inside the search's trace
+    # (a new-user trial); now the id check's error, with and without XLA.
+    for search in (fast, translator):
+        for ids in (np.array([[5.0, 3.0]]), np.array([[True, False]])):
+            with pytest.raises(TypeError, match=f"`source_ids` must be integer token ids; got {ids.dtype}"):
+                search.translate_ids(ids)
 
 
 @pytest.mark.parametrize("weights_dtype", ["float32", "float16"])
