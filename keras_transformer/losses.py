@@ -203,20 +203,51 @@ def masked_loss(
     return ops.sum(losses) / ops.maximum(count, 1.0)
 
 
-def per_token_weight(weight):
+def per_token_weight(weight, losses):
     """A sample weight `(batch,)`, `(batch, T)` or `(batch, T, 1)` as
-    `(batch, 1)` or `(batch, T)`, to multiply `(batch, T)` losses; a scalar
-    as it is. Written without the rank, which a traced function may not
-    know (one `fit` with `(batch, T)` weights, then one with `(batch,)`)."""
+    `(batch, 1)` or `(batch, T)`, to multiply `losses` `(batch, T)`; a
+    scalar as it is. Written without the rank, which a traced function may
+    not know (one `fit` with `(batch, T)` weights, then one with `(batch,)`).
+
+    Raises:
+        ValueError: where the shapes are known (eagerly, and under jax
+            always) and the weight has another number of rows than
+            `losses`, another rank, or a second size neither 1 nor T:
+            broadcasting would weigh the wrong tokens without an error.
+    """
     # A TensorShape has `rank` (None when unknown); other backends, tuples.
     rank = weight.shape.rank if hasattr(weight.shape, "rank") else len(weight.shape)
     if rank == 0:
         return weight
+    if rank is not None:
+        _check_weight_shape(tuple(weight.shape), tuple(losses.shape))
     if rank is None and keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         return tf.reshape(weight, tf.stack([tf.shape(weight)[0], -1]))
     return ops.reshape(weight, (ops.shape(weight)[0], -1))
+
+
+def _check_weight_shape(weight_shape, losses_shape):
+    """`per_token_weight`'s check of the static sizes (None: unknown)."""
+    batch, length = losses_shape
+    rows = "batch" if batch is None else batch
+    expected = f"({rows},), or one a token, ({rows}, {'T' if length is None else length})"
+    if len(weight_shape) == 3 and weight_shape[2] not in (1, None):
+        wrong = "a third size other than 1"
+    elif len(weight_shape) > 3:
+        wrong = f"rank {len(weight_shape)}"
+    elif None not in (weight_shape[0], batch) and weight_shape[0] != batch:
+        wrong = f"{weight_shape[0]} rows for {batch} sentences"
+    elif (len(weight_shape) > 1 and None not in (weight_shape[1], length)
+          and weight_shape[1] not in (1, length)):
+        wrong = f"{weight_shape[1]} columns for {length} target tokens"
+    else:
+        return
+    raise ValueError(
+        f"`sample_weight` has shape {weight_shape}, {wrong}: give one weight a sentence, "
+        f"{expected}, or a scalar."
+    )
 
 
 _REDUCTIONS = ("sum_over_batch_size", "mean", "sum", None, "none")
@@ -344,7 +375,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
                 weight = ops.cast(
                     ops.convert_to_tensor(sample_weight), "float32"
                 )
-                losses = losses * per_token_weight(weight)
+                losses = losses * per_token_weight(weight, losses)
             if self.reduction in (None, "none"):
                 return losses
             total = ops.sum(losses)

@@ -143,7 +143,7 @@ class MaskedAccuracy(keras.metrics.Metric):
         correct, mask = _correct_and_mask(y_true, y_pred, self.pad_id)
         if sample_weight is not None:
             weight = ops.cast(ops.convert_to_tensor(sample_weight), "float32")
-            weight = per_token_weight(weight)
+            weight = per_token_weight(weight, correct)
             correct = correct * weight
             mask = mask * weight
         self.correct.assign_add(ops.cast(ops.sum(correct), self.dtype))

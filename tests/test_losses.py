@@ -1,5 +1,6 @@
 """Tests for keras_transformer.losses (backend-agnostic)."""
 
+import re
 import keras
 import numpy as np
 import pytest
@@ -275,6 +276,25 @@ def test_sample_weight_scales_tokens_divisor_stays_real_tokens():
     assert float(to_numpy(summed(labels, logits))) == pytest.approx(
         nll.sum(), rel=1e-5
     )
+
+
+@pytest.mark.parametrize("shape, wrong", [((2, 3), "2 rows for 1 sentences"), ((3,), "3 rows for 1 sentences"),
+                                          ((1, 4), "4 columns for 3 target tokens"),
+                                          ((1, 3, 2), "a third size other than 1")])
+def test_sample_weight_of_another_shape_is_refused(shape, wrong):
+    """A weight whose rows or columns are not the batch's broadcast against
+    the losses: (2, 3) weights for one sentence counted it twice, (3,)
+    three times (a new-user trial); (1, 4) was a raw Mul error."""
+    logits = np.zeros((1, 3, 5), "float32")
+    labels = np.array([[1, 2, PAD]], "int32")
+    message = re.escape(f"`sample_weight` has shape {shape}, {wrong}: give one weight a sentence, (1,), "
+                        "or one a token, (1, 3)")
+    with pytest.raises(ValueError, match=message):
+        MaskedSparseCategoricalCrossentropy()(labels, logits, sample_weight=np.ones(shape, "float32"))
+    with pytest.raises(ValueError, match=message):
+        MaskedAccuracy().update_state(labels, logits, sample_weight=np.ones(shape, "float32"))
+    for good in ((1,), (1, 3), (1, 3, 1), (1, 1)):
+        MaskedSparseCategoricalCrossentropy()(labels, logits, sample_weight=np.ones(good, "float32"))
 
 
 def test_per_sample_and_per_token_weights_in_one_compiled_model():
