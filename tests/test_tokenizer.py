@@ -231,6 +231,18 @@ def test_vocab_size_too_small_or_too_large():
     # Too large: hard_vocab_limit=False gives a smaller vocabulary.
     tok = train_subword_tokenizer(sentences, vocab_size=5000)
     assert 4 + 18 <= tok.vocab_size < 5000
+    # byte_fallback adds 256 byte pieces: a vocabulary of 200 blamed the
+    # corpus's characters (a new-user trial); now the pieces are named, and
+    # one that the byte pieces fill is refused before training.
+    with pytest.raises(ValueError, match=r"vocab_size=200 leaves no room for subwords with byte_fallback=True: "
+                                         r"its 256 byte pieces and the 4 special pieces take 260 ids"):
+        train_subword_tokenizer(sentences, vocab_size=200, byte_fallback=True)
+    with pytest.raises(ValueError, match="vocab_size=270 is too small.*plus the 4 special pieces and the 256 byte "
+                                         "pieces of byte_fallback"):
+        train_subword_tokenizer(sentences, vocab_size=270, byte_fallback=True)
+    assert train_subword_tokenizer(sentences, vocab_size=290, byte_fallback=True).vocab_size > 260
+    with pytest.raises(ValueError, match="`byte_fallback` must be"):
+        train_subword_tokenizer(sentences, vocab_size=290, byte_fallback="False")
     text = tok.detokenize(tok.tokenize(["abc pqr"])).numpy().tolist()
     assert text == [b"abc pqr"]
     with pytest.raises(ValueError, match="fixed by the library"):

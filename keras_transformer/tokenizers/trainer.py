@@ -23,7 +23,11 @@ from keras_transformer.tokenizers.subword_tokenizer import UNK_ID
 from keras_transformer.tokenizers.subword_tokenizer import UNK_PIECE
 from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import _SPECIALS
+from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
+
+# SentencePiece's byte_fallback adds a piece for each byte value, <0x00> to <0xFF>.
+_BYTE_PIECES = 256
 
 # Trainer settings owned by `subword_tokenizer`: the special ids and pieces must
 # not be overridden through `**trainer_kwargs`.
@@ -137,7 +141,9 @@ def train_subword_tokenizer(
 
     Raises:
         ValueError: if `data` is empty or of the wrong type, if `vocab_size`
-            is too small for the corpus's characters, if `model_type` is
+            is too small for the corpus's characters (with `byte_fallback`,
+            at most 260: the byte and special pieces alone), if
+            `byte_fallback` is not a bool, if `model_type` is
             unknown, or if a protected trainer option is passed.
 
     Example:
@@ -165,6 +171,13 @@ def train_subword_tokenizer(
         raise ValueError(
             f"`vocab_size` must be an int greater than {len(_SPECIALS)} "
             f"(the special pieces). Received: vocab_size={vocab_size!r}."
+        )
+    byte_fallback = check_bool(byte_fallback, "byte_fallback")
+    if byte_fallback and vocab_size <= len(_SPECIALS) + _BYTE_PIECES:
+        raise ValueError(
+            f"vocab_size={vocab_size} leaves no room for subwords with byte_fallback=True: its "
+            f"{_BYTE_PIECES} byte pieces and the {len(_SPECIALS)} special pieces take "
+            f"{len(_SPECIALS) + _BYTE_PIECES} ids. Raise `vocab_size` (well above that), or drop byte_fallback."
         )
     protected = sorted(set(trainer_kwargs) & set(_PROTECTED_TRAINER_KEYS))
     if protected:
@@ -212,8 +225,9 @@ def train_subword_tokenizer(
             raise ValueError(
                 f"vocab_size={vocab_size} is too small for this corpus: the "
                 "vocabulary must hold every character (at the requested "
-                "character_coverage) plus the 4 special pieces. Raise "
-                "`vocab_size` or lower `character_coverage`. Trainer said: "
+                f"character_coverage) plus the {len(_SPECIALS)} special pieces"
+                f"{f' and the {_BYTE_PIECES} byte pieces of byte_fallback' if byte_fallback else ''}. "
+                "Raise `vocab_size` or lower `character_coverage`. Trainer said: "
                 f"{message}"
             ) from e
         if "Vocabulary size too high" in message:
