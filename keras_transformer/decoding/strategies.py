@@ -97,14 +97,18 @@ class GreedySearch(SearchStrategy):
         return tokens[:, None, :], scores[:, None]
 
     def initial_state(self, batch, length, pad_id, attention_shape):
-        # The weights are carried through the loop only when asked for; a
-        # one-number placeholder a sentence otherwise.
-        shape = (batch, length, *attention_shape) if attention_shape else (batch, 1)
-        return (ops.full((batch, length), pad_id, "int32"), ops.zeros((batch,), "bool"),
-                ops.zeros((batch,), "float32"), ops.zeros(shape, "float32"))
+        # The weights are carried through the loop only when asked for. No
+        # placeholder otherwise: a constant carried unchanged through three
+        # or more phase loops failed XLA's compilation ("Cannot find body
+        # function while_2_body_..._const_0").
+        state = (ops.full((batch, length), pad_id, "int32"), ops.zeros((batch,), "bool"),
+                 ops.zeros((batch,), "float32"))
+        if attention_shape:
+            state += (ops.zeros((batch, length, *attention_shape), "float32"),)
+        return state
 
     def step(self, t, log_probs, state, at_limit, end_id, pad_id, blocked, attention):
-        tokens, finished, scores, weights = state
+        tokens, finished, scores = state[:3]
         log_probs = suppress_ids(log_probs[:, 0], log_probs.shape[-1], blocked)
         positions = ops.arange(tokens.shape[1], dtype="int32")
         best = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
@@ -113,6 +117,7 @@ class GreedySearch(SearchStrategy):
         gained = take_along_last_axis(log_probs, best[:, None])[:, 0]
         scores = scores + ops.where(finished, 0.0, gained)
         if attention is not None:
+            weights = state[3]
             step_weights = ops.where(ops.reshape(finished, (-1, 1, 1)), 0.0, ops.cast(attention, "float32"))
             weights = ops.where(
                 ops.reshape(ops.equal(positions, t), (1, -1, 1, 1)), ops.expand_dims(step_weights, 1), weights
@@ -121,15 +126,16 @@ class GreedySearch(SearchStrategy):
         # the latter is an XLA op launched per call, the costliest op here.
         tokens = ops.where(ops.equal(positions, t)[None, :], best[:, None], tokens)
         finished = ops.logical_or(finished, ops.equal(best, end_id))
-        return best[:, None], None, (tokens, finished, scores, weights)
+        return best[:, None], None, (tokens, finished, scores) + ((weights,) if attention is not None else ())
 
     def settled(self, state, limits):
         return state[1]
 
     def finalize(self, state):
-        """`(tokens (batch, max_length), scores (batch,), attention)`."""
-        tokens, _, scores, weights = state
-        return tokens, scores, weights
+        """`(tokens (batch, max_length), scores (batch,), attention)`; the
+        attention is None unless the search was asked for it."""
+        tokens, _, scores = state[:3]
+        return tokens, scores, state[3] if len(state) > 3 else None
 
 
 class BeamSearch(SearchStrategy):
