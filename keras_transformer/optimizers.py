@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.validation import check_epsilon
+from keras_transformer.validation import check_positive
 from keras_transformer.validation import check_rate
 
 _FUSED_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -65,7 +65,7 @@ class Adam(keras.optimizers.Adam):
         # Keras takes any value: a beta of 1.5 diverges, a beta of 1 divides
         # by 1 - beta^t = 0.
         super().__init__(learning_rate, beta_1=check_rate(beta_1, "beta_1"),
-                         beta_2=check_rate(beta_2, "beta_2"), epsilon=check_epsilon(epsilon, "epsilon"),
+                         beta_2=check_rate(beta_2, "beta_2"), epsilon=check_positive(epsilon, "epsilon"),
                          amsgrad=amsgrad, **kwargs)
 
     @property

@@ -1,6 +1,5 @@
 """String-to-string translation: tokenize, decode with a cache, detokenize."""
 
-import math
 import sys
 
 import keras
@@ -19,6 +18,7 @@ from keras_transformer.precision import compute_dtype
 from keras_transformer.source_notices import warn_about_sources
 from keras_transformer.tokenizers.normalization import normalize_text
 from keras_transformer.validation import check_count
+from keras_transformer.validation import check_positive
 from keras_transformer.models.conversion import as_transformer
 from keras_transformer.precision import with_dtype_policy
 
@@ -110,7 +110,8 @@ class Translator(tf.Module):
             1, or `beam_size` above the target vocabulary, a
             `length_penalty` that is negative or not finite, `max_length`
             below 1, `length_ratio` not a finite number above 0,
-            `xla_max_batch_size` below 1 or without `jit_compile=True`,
+            `xla_max_batch_size` not a whole number >= 1 or without
+            `jit_compile=True`,
             `parallel_searches` below 1 or with an XLA-only search, or
             tokenizers that do not fit the model.
 
@@ -172,17 +173,14 @@ class Translator(tf.Module):
         length_penalty = check_length_penalty(length_penalty)
         if max_length is not None:  # 2.5 was cut to 2
             max_length = check_count(max_length, "max_length", unit=" of output tokens")
-        if length_ratio is not None and not (
-            math.isfinite(float(length_ratio)) and float(length_ratio) > 0
-        ):
-            raise ValueError(f"`length_ratio` must be a finite number > 0; got {length_ratio}.")
+        if length_ratio is not None:  # True was read as 1.0
+            length_ratio = check_positive(length_ratio, "length_ratio")
         if xla_max_batch_size is not None:
             if not jit_compile:
                 raise ValueError("`xla_max_batch_size` chooses which batches take the XLA search; "
                                  "pass it with jit_compile=True (`--jit-compile`), or drop it.")
-            if int(xla_max_batch_size) < 1:
-                raise ValueError(f"`xla_max_batch_size` must be at least 1 sentence; got {xla_max_batch_size}.")
-            xla_max_batch_size = int(xla_max_batch_size)
+            # 2.7 was cut to 2
+            xla_max_batch_size = check_count(xla_max_batch_size, "xla_max_batch_size", unit=" of sentences")
         parallel_searches = check_count(parallel_searches, "parallel_searches", unit=" of search loops")
         if parallel_searches > 1 and jit_compile and xla_max_batch_size is None:
             raise ValueError("`parallel_searches` splits the batches of the plain graph search, and with "

@@ -55,19 +55,19 @@ def check_rate(value, name):
     return rate
 
 
-def check_epsilon(value, name):
-    """`value` as a python float, when it is a finite number > 0 (the
-    epsilon added to a variance before its square root).
+def check_positive(value, name):
+    """`value` as a python float, when it is a finite number > 0: an
+    epsilon added to a variance before its square root (a negative one
+    gives NaN where a row's variance is below it), a length ratio.
 
     Raises:
         ValueError: for a bool, a string, or a number that is not finite
-            and positive (a negative epsilon gives NaN where a row's
-            variance is below it, 0 where a row is constant).
+            and positive.
 
     Example:
-    >>> check_epsilon(1e-6, "layer_norm_epsilon")
+    >>> check_positive(1e-6, "layer_norm_epsilon")
     1e-06
-    >>> check_epsilon(-1, "layer_norm_epsilon")
+    >>> check_positive(-1, "layer_norm_epsilon")
     Traceback (most recent call last):
     ...
     ValueError: `layer_norm_epsilon` must be a finite number > 0; got -1.

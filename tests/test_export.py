@@ -409,6 +409,8 @@ def test_blank_input_gives_empty_translation_and_bad_pairings_are_refused(export
     ({"max_length": 2.5}, r"`max_length` must be a whole number of output tokens >= 1; got 2.5"),  # was cut to 2
     ({"length_ratio": 0.0}, "finite number > 0"),
     ({"length_ratio": float("nan")}, "finite number > 0"),
+    ({"length_ratio": True}, r"`length_ratio` must be a finite number > 0; got True"),  # was read as 1.0
+    ({"length_ratio": "abc"}, r"`length_ratio` must be a finite number > 0; got 'abc'"),  # float()'s error
 ])
 def test_bad_decoding_settings_are_refused_when_the_translator_is_made(exported, settings, message):
     """Before, these passed the constructor and failed at the first call,
@@ -601,7 +603,8 @@ def test_xla_for_small_batches_and_the_graph_for_larger_ones(exported, tmp_path)
 
 @pytest.mark.parametrize("settings, message", [
     (dict(xla_max_batch_size=4), "pass it with jit_compile=True"),
-    (dict(jit_compile=True, xla_max_batch_size=0), "at least 1 sentence; got 0"),
+    (dict(jit_compile=True, xla_max_batch_size=0), "`xla_max_batch_size` must be a whole number of sentences >= 1; got 0"),
+    (dict(jit_compile=True, xla_max_batch_size=2.7), "a whole number of sentences >= 1; got 2.7"),  # was cut to 2
 ])
 def test_bad_xla_max_batch_size_is_refused(exported, settings, message):
     plain = exported[0]["beam"]

@@ -4,7 +4,7 @@ import keras
 
 from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
-from keras_transformer.validation import check_epsilon
+from keras_transformer.validation import check_positive
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -40,7 +40,7 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.activation_dropout_rate = float(activation_dropout_rate)
         self.activation = keras.activations.get(activation)
-        self.layer_norm_epsilon = check_epsilon(layer_norm_epsilon, "layer_norm_epsilon")
+        self.layer_norm_epsilon = check_positive(layer_norm_epsilon, "layer_norm_epsilon")
         self.norm_first = check_bool(norm_first, "norm_first")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.supports_masking = True
