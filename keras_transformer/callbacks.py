@@ -284,8 +284,10 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     `TrainingStopped`; `fit` with this callback on the same folder then
     resumes that epoch from its first batch with the saved weights (the
     Keras resume of a mid-epoch save). A signal during an epoch's validation
-    or end-of-epoch callbacks stops before the next epoch starts, after that
-    epoch's save; one during the last epoch lets `fit` finish. A second
+    or end-of-epoch callbacks stops before the next epoch starts, with that
+    epoch's end saved (with a `save_freq` in batches too, so that the
+    resumed run starts at the next epoch); one during the last epoch lets
+    `fit` finish. A second
     signal before the stop gets the handler that was there before (by
     default: the process ends at once).
 
@@ -353,7 +355,11 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
         # mid-epoch save of a resumed run would record epoch 0 and the
         # next resume would start the run over.
         self._current_epoch = epoch
-        if self.stop_signal is not None:  # the previous epoch's state is saved
+        if self.stop_signal is not None:  # a signal after the last step of the previous epoch
+            if self.save_freq != "epoch":
+                # No save at the epoch's end: the last one was made inside
+                # it, and resuming from it would train that epoch again.
+                self._save_model()
             self._stop()
 
     def on_train_batch_end(self, batch, logs=None):

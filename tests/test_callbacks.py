@@ -80,16 +80,32 @@ def test_sigterm_inside_an_epoch_saves_after_the_next_step_and_resumes_that_epoc
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_to_the_old_handler(tmp_path):
+@pytest.mark.parametrize("save_freq", ["epoch", 4])
+def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_to_the_old_handler(
+        tmp_path, save_freq):
+    """With a `save_freq` in batches (`train --checkpoint-every`) there is
+    no save at the epoch's end: the stop saved nothing, the state on disk
+    was the one after step 8 of epoch 1, and the resumed run trained epoch
+    1 again from it (a new-user trial)."""
     x, y = _data()
     model = _model()
-    backup = PreemptibleBackup(str(tmp_path), delete_checkpoint=False)
+    backup = PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False)
     with pytest.raises(TrainingStopped) as info:
         model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup, _SignalAt(0, None)])
     assert (info.value.epoch, info.value.steps) == (2, 0)
     assert "before epoch 2" in str(info.value)
-    assert json.load(open(tmp_path / "training_metadata.json"))["epoch"] == 1
+    assert json.load(open(tmp_path / "training_metadata.json")) == {"epoch": 1, "batch": 0}
     assert int(model.optimizer.iterations.numpy()) == 10
+    trained = model.get_weights()
+    again = _model()
+    seen = []
+    again.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[
+        PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False),
+        keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: [np.testing.assert_array_equal(a, b)
+                                         for a, b in zip(again.get_weights(), trained)],
+            on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
+    assert seen == [1, 2] and int(again.optimizer.iterations.numpy()) == 30
 
     received = []
 
