@@ -138,7 +138,8 @@ def _add_training_args(parser):
     parser.add_argument("--no-user-defined-symbols", dest="user_defined_symbols", action="store_const", const=[],
                         help="drop the user-defined symbols a --config file lists")
     parser.add_argument("--shared-vocab", default=defaults.shared_vocab, **flag,
-                        help="one SentencePiece vocabulary trained on both sides (size --src-vocab-size)")
+                        help="one SentencePiece vocabulary trained on both sides (give --src-vocab-size and "
+                             "--tgt-vocab-size one value)")
     parser.add_argument("--keep-checkpoints", type=_positive_int, default=defaults.keep_checkpoints,
                         help="epoch checkpoints kept in RUN/epochs, the latest N and the N best "
                              "(default: %(default)s)")

@@ -408,31 +408,49 @@ def _resuming(out, epoch, fell_back, verbose):
             os.replace(path + ".tmp", path)
 
 
+def _epoch_steps(config, train_ds, both_directions):
+    """The batches of each epoch up to `config.epochs`, BiT's two-way
+    epochs first; None when a dataset does not declare its batches."""
+    bidirectional = min(config.bidirectional_epochs, config.epochs)
+    one_way = int(train_ds.cardinality())
+    two_way = int(both_directions().cardinality()) if bidirectional else 1
+    if one_way < 1 or two_way < 1:
+        return None
+    return [two_way] * bidirectional + [one_way] * (config.epochs - bidirectional)
+
+
 def _cooldown_steps(config, train_ds, both_directions):
     """`WarmupSchedule`'s `total_steps` and `cooldown_steps` for
     `config.cooldown_epochs` (empty without one): the batches of every
     epoch up to `config.epochs`, BiT's two-way epochs first."""
     if not config.cooldown_epochs:
         return {}
-    bidirectional = min(config.bidirectional_epochs, config.epochs)
-    one_way = int(train_ds.cardinality())
-    two_way = int(both_directions().cardinality()) if bidirectional else 1
-    if one_way < 1 or two_way < 1:
+    steps = _epoch_steps(config, train_ds, both_directions)
+    if steps is None:
         raise ValueError("cooldown_epochs counts the steps of the run from the batches of an epoch, which "
                          "this dataset does not declare; pass --cooldown-epochs 0.")
-    steps = [two_way] * bidirectional + [one_way] * (config.epochs - bidirectional)
     return {"total_steps": sum(steps), "cooldown_steps": sum(steps[-config.cooldown_epochs:])}
 
 
-def _warn_short_warmup(warmup_steps, steps_per_epoch, epochs):
+def _warn_short_warmup(config, train_ds, both_directions):
     """Warns, before the first epoch, when the run is too short to finish
     the learning-rate warm-up (the rate would still be rising at the end)."""
-    total = steps_per_epoch * epochs
-    if steps_per_epoch > 0 and warmup_steps > total:
-        print(f"Warning: warmup_steps={warmup_steps} is more than the whole run "
-              f"({steps_per_epoch} steps an epoch x {epochs} epochs = {total}): the learning "
-              "rate never reaches its peak and the model may learn little. Lower "
-              "--warmup-steps or train more epochs.", flush=True)
+    one_way = int(train_ds.cardinality())
+    if one_way < 1 or config.warmup_steps <= one_way * config.epochs:
+        return  # BiT's two-way epochs have more batches: no need to build them
+    steps = _epoch_steps(config, train_ds, both_directions)
+    if steps is None or config.warmup_steps <= sum(steps):
+        return
+    if len(set(steps)) == 1:
+        counted = f"{steps[0]} steps an epoch x {config.epochs} epochs"
+    else:
+        two_way = min(config.bidirectional_epochs, config.epochs)
+        counted = (f"{steps[0]} steps an epoch x {two_way} epoch{'s' if two_way > 1 else ''} in both "
+                   f"directions + {steps[-1]} x {config.epochs - two_way}")
+    print(f"Warning: warmup_steps={config.warmup_steps} is more than the whole run "
+          f"({counted} = {sum(steps)}): the learning "
+          "rate never reaches its peak and the model may learn little. Lower "
+          "--warmup-steps or train more epochs.", flush=True)
 
 
 def _fast_path(config):
@@ -696,7 +714,7 @@ def _build_and_fit(config, model_config, src_tok, tgt_tok, train_ds, val_ds, out
                       f"takes about {next_epoch:.0f} s; nothing more to train.")
             return _finish(config, model, out, src_tok, tgt_tok, verbose, fit=False)
     # `make_dataset` declares the batches of an epoch (unknown: negative).
-    _warn_short_warmup(config.warmup_steps, int(train_ds.cardinality()), config.epochs)
+    _warn_short_warmup(config, train_ds, both_directions)
     # (last epoch, dataset) of each `fit`: BiT's epochs in both directions first.
     bidirectional = min(config.bidirectional_epochs, config.epochs)
     stages = [(bidirectional, both_directions)] if done < bidirectional else []

@@ -1263,6 +1263,40 @@ def test_resuming_with_changed_settings_says_which(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["training"]["subword_alpha"] is None
 
 
+def test_short_warmup_warning_counts_the_two_way_epochs(capsys):
+    """The warning that the warm-up outlasts the run counts BiT's two-way
+    epochs at their own batches: it counted every epoch at the one-way
+    batches, 13 x 3 = 39 steps for a run of 21 + 13 x 2 = 47 (a new-user
+    trial)."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from keras_transformer.training import _warn_short_warmup
+
+    built = []
+
+    def two_way():
+        built.append(1)
+        return tf.data.Dataset.range(21)
+
+    for warmup, bidirectional, said in ((50, 1, "(21 steps an epoch x 1 epoch in both directions + 13 x 2 = 47)"),
+                                        (70, 2, "(21 steps an epoch x 2 epochs in both directions + 13 x 1 = 55)"),
+                                        (50, 0, "(13 steps an epoch x 3 epochs = 39)"),
+                                        (40, 1, None), (47, 1, None), (39, 0, None)):
+        config = SimpleNamespace(warmup_steps=warmup, epochs=3, bidirectional_epochs=bidirectional)
+        _warn_short_warmup(config, tf.data.Dataset.range(13), two_way)
+        out = capsys.readouterr().out
+        if said is None:
+            assert out == ""
+        else:
+            assert f"Warning: warmup_steps={warmup} is more than the whole run {said}" in out
+    # Not built where the one-way epochs alone cover the warm-up.
+    _warn_short_warmup(SimpleNamespace(warmup_steps=39, epochs=3, bidirectional_epochs=1),
+                       tf.data.Dataset.range(13), two_way)
+    assert len(built) == 4
+
+
 def test_bidirectional_epochs_train_both_directions_first_and_resume_in_either_stage(
     tmp_path, capsys, monkeypatch
 ):
