@@ -745,12 +745,13 @@ def test_saved_model_cli_show_and_run_session_loader(exported, tmp_path, name, w
     path = paths[name]
     if weights_dtype != "float32":
         path = export_translator(translator, str(tmp_path / weights_dtype), weights_dtype=weights_dtype)
-    show = subprocess.run([sys.executable, "-c", SAVED_MODEL_CLI, "show", "--dir", path, "--all"],
-                          capture_output=True, text=True, timeout=300)
-    assert show.returncode == 0, show.stderr[-2000:]
-    for name in ("serving_default", "translate_n_best", "translate_ids", "inputs['text']",
-                 "outputs['translation']"):
-        assert name in show.stdout
+    if (name, weights_dtype) == ("beam", "float32"):  # the same signatures in every export
+        show = subprocess.run([sys.executable, "-c", SAVED_MODEL_CLI, "show", "--dir", path, "--all"],
+                              capture_output=True, text=True, timeout=300)
+        assert show.returncode == 0, show.stderr[-2000:]
+        for signature in ("serving_default", "translate_n_best", "translate_ids", "inputs['text']",
+                          "outputs['translation']"):
+            assert signature in show.stdout
     run = subprocess.run(
         [sys.executable, "-c", SAVED_MODEL_CLI, "run", "--dir", path, "--tag_set", "serve",
          "--signature_def", "serving_default", "--input_exprs", f"text={INPUTS[:2]!r}"],
