@@ -131,6 +131,46 @@ def _model_settings(translator):
     }
 
 
+def smoke_translate(server):
+    """Translate one sentence with `server.serve` (the `serving_default`
+    function about to be exported), so that a search that cannot run, such
+    as an XLA program that fails to compile, fails the export rather than
+    the SavedModel's first request. Under XLA this compiles the search for
+    one sentence, as the first such request would.
+
+    Args:
+        server: `keras_transformer.serving.ServingSignatures`.
+
+    Raises:
+        RuntimeError: naming the TensorFlow error, if the translation fails.
+    """
+    try:
+        server.serve(tf.constant(["a"]))
+    except tf.errors.OpError as error:
+        xla = server.translator.jit_compile
+        raise RuntimeError(
+            "The export's serving_default failed to translate one sentence, so the SavedModel "
+            "would fail at its first request; nothing was written. "
+            + ("Export without XLA (no --jit-compile, jit_compile=False) and report this. "
+               if xla else "Please report this. ")
+            + f"{type(error).__name__}: {_error_summary(error.message)}"
+        ) from error
+
+
+def _error_summary(message):
+    """The lines of a TensorFlow error message that say what failed,
+    without the graph's call stack ("Detected at node ... defined at").
+
+    >>> _error_summary('Graph execution error:\\n\\nDetected at node A defined at (most recent '
+    ...                'call last):\\n  File "x.py", line 8\\n\\nassertion failed: [bad]\\n\\t [[{{node A}}]]')
+    'assertion failed: [bad]'
+    """
+    kept = [line for line in (message or "").splitlines()
+            if line.strip() and not line[0].isspace()
+            and line != "Graph execution error:" and not line.startswith("Detected at node")]
+    return " ".join(kept) or (message or "").strip()
+
+
 def export_translator(translator, path, weights_dtype="float32", languages=None):
     """Write `translator` as a SavedModel with a string-to-string signature.
 
@@ -189,6 +229,8 @@ def export_translator(translator, path, weights_dtype="float32", languages=None)
             is not two different ISO 639-1 codes.
         FileExistsError: if `path` holds files other than a SavedModel's
             (a run folder, say), which the export would mix with its own.
+        RuntimeError: if the signatures fail to translate one sentence
+            (`smoke_translate`); nothing is written then.
     """
     from keras_transformer.translator import Translator
 
@@ -253,6 +295,7 @@ def export_translator(translator, path, weights_dtype="float32", languages=None)
         "translate_n_best": server.serve_n_best.get_concrete_function(),
         "translate_ids": server.serve_ids.get_concrete_function(),
     }
+    smoke_translate(server)
     os.makedirs(path, exist_ok=True)
     # The root holds the tf.Variables the signatures capture (as
     # `keras.export.ExportArchive` does) and the tokenizers, not the Keras

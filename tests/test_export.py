@@ -875,3 +875,29 @@ def test_the_language_pair_is_recorded_and_an_ensemble_of_two_directions_is_refu
         with pytest.raises(ValueError, match="two different ISO 639-1 codes"):
             export_translator(translators["beam"], str(tmp_path / "bad"), languages=languages)
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_export_whose_search_fails_to_run_is_refused_before_anything_is_written(exported, tmp_path, monkeypatch):
+    """An export translates one sentence before it writes: a search that
+    traces but fails when it runs (as an XLA program that does not compile
+    did, for greedy search at sequence lengths above 32) fails the export,
+    not the SavedModel's first request, and leaves no folder behind."""
+    translators, _ = exported
+    import keras_transformer.serving as serving
+
+    real = serving.as_batch
+
+    def failing(text):
+        batch = real(text)
+        fail = tf.debugging.Assert(tf.equal(tf.size(batch), -1), ["a search that cannot run"])
+        with tf.control_dependencies([fail]):
+            return tf.identity(batch)
+
+    monkeypatch.setattr(serving, "as_batch", failing)
+    path = tmp_path / "broken"
+    with pytest.raises(RuntimeError, match="failed to translate one sentence.*nothing was written.*"
+                                           "InvalidArgumentError: .*a search that cannot run"):
+        export_translator(translators["beam"], str(path))
+    assert not path.exists()
+    monkeypatch.setattr(serving, "as_batch", real)
+    assert os.path.exists(os.path.join(export_translator(translators["beam"], str(path)), "saved_model.pb"))
