@@ -248,6 +248,17 @@ def test_misaligned_inputs_raise(tmp_path, tokenizers):
     # A float budget failed with a TypeError inside tf.data.
     with pytest.raises(ValueError, match="`tokens_per_batch` must be an int"):
         make_dataset(["x"], ["y"], *tokenizers, sequence_length=16, tokens_per_batch=100.5)
+    # None or a number among the sentences was an AttributeError ('strip'),
+    # a negative shuffle buffer an error inside tf.data, and a batch
+    # multiple of 0 or a shuffle buffer of 0 were taken without a word.
+    for bad, kind in ((None, "NoneType"), (5, "int"), (b"x", "bytes")):
+        with pytest.raises(ValueError, match=f"`src` must hold sentences \\(`str`\\); item 1 is {kind}"):
+            make_dataset(["a dog", bad], ["x", "y"], *tokenizers)
+    for bad in (-1, 0, 2.5):
+        with pytest.raises(ValueError, match=f"`shuffle_buffer_size` must be a whole number >= 1; got {bad}"):
+            make_dataset(["x"], ["y"], *tokenizers, shuffle_buffer_size=bad)
+        with pytest.raises(ValueError, match=f"`batch_multiple` must be a whole number >= 1; got {bad}"):
+            make_dataset(["x"], ["y"], *tokenizers, batch_multiple=bad)
 
 
 def test_numpy_ints_are_accepted_as_sizes(tokenizers):
@@ -300,6 +311,14 @@ def test_empty_corpus_is_a_clear_error(tmp_path):
         make_dataset(str(tmp_path / "a.en"), str(tmp_path / "a.de"), tok, tok)
     with pytest.raises(ValueError, match="no sentence pair"):
         make_dataset(["", " "], ["x", ""], tok, tok)
+    # Zero-width and control characters are not blank to `str.strip`, but
+    # normalize to nothing: the dataset had no batch and `fit` trained on
+    # nothing (validation files: no val_loss) without a word (a new-user trial).
+    with pytest.raises(ValueError, match="no sentence pair that tokenizes to pieces on both sides: in each of "
+                                         "the 2 non-blank pairs one side normalizes to nothing"):
+        make_dataset(["\u200b", "\x00"], ["x y", "z"], tok, tok)
+    kept = make_dataset(["\u200b", "x"], ["x y", "z"], tok, tok, shuffle=False)
+    assert [y.shape[0] for _, y in kept] == [1]
 
 
 def test_fit_makes_one_optimizer_step_per_batch():

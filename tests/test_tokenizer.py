@@ -137,6 +137,14 @@ def test_detokenize_drops_pad_start_and_everything_after_end(tokenizer):
     # int64 input and out-of-range ids (dropped) are accepted.
     wide = tf.constant([cat + [tokenizer.vocab_size + 7]], tf.int64)
     assert tokenizer.detokenize(wide).numpy().tolist() == [b"Katze"]
+    # An int64 id that an int32 cast would wrap onto a valid id (2**32 + d
+    # -> d) is out of range too, as are ids below 0 in any integer dtype.
+    wrapped = tf.constant([cat + [2**32 + dog[0], -(2**32) + dog[0]]], tf.int64)
+    assert tokenizer.detokenize(wrapped).numpy().tolist() == [b"Katze"]
+    assert tokenizer.detokenize(tf.constant([cat], tf.uint16)).numpy().tolist() == [b"Katze"]
+    # An empty Python list is no ids, not float32 ones.
+    assert tokenizer.detokenize([]).numpy() == b""
+    assert tokenizer.detokenize([[]]).numpy().tolist() == [b""]
 
 
 def test_c25_lowercase_gives_equal_ids_for_case_variants(
@@ -222,6 +230,26 @@ def test_training_from_plain_and_gzip_files(tmp_path, corpus):
     for bad in (-1, 0, 2.5):  # -1 trained on all but the last sentence (a new-user trial)
         with pytest.raises(ValueError, match=f"`max_sentences` must be a whole number >= 1; got {bad}"):
             train_subword_tokenizer(lines, vocab_size=150, max_sentences=bad)
+    # A list of paths with one wrong (a typo, a folder) trained on the two
+    # paths' own text as sentences, a vocabulary of 17 (a new-user trial).
+    for wrong in (str(tmp_path / "missing.txt"), str(tmp_path)):
+        with pytest.raises(ValueError, match="mixes paths of existing files with 1 item.*not files, such as "
+                                             f"'{wrong}': fix the path"):
+            train_subword_tokenizer([str(plain), wrong], vocab_size=120)
+
+
+def test_sentences_longer_than_sentencepiece_takes_are_named(corpus):
+    """SentencePiece skips sentences above `max_sentence_length` (4,192
+    bytes) in training: all of them gave "INTERNAL: ...
+    [!sentences_.empty()]", some were dropped without a word."""
+    long = "ein hund " * 500  # 4,500 bytes
+    with pytest.warns(UserWarning, match="2 of 202 sentences are longer than 4192 UTF-8 bytes"):
+        some = train_subword_tokenizer(corpus[:200] + [long, long], vocab_size=120)
+    assert some.proto == train_subword_tokenizer(corpus[:200], vocab_size=120).proto
+    with pytest.raises(ValueError, match="Every sentence of `data` is longer than 4192 UTF-8 bytes"):
+        train_subword_tokenizer([long] * 3, vocab_size=120)
+    raised = train_subword_tokenizer([long] * 3, vocab_size=30, max_sentence_length=8192)
+    assert raised.vocab_size > 4
 
 
 def test_vocab_size_too_small_or_too_large():

@@ -35,6 +35,7 @@ from keras_transformer.data.text_files import read_lines
 from keras_transformer.data.text_files import read_parallel
 from keras_transformer.deprecation import renamed_argument
 from keras_transformer.tokenizers.subword_tokenizer import check_alpha
+from keras_transformer.validation import check_count
 
 _TOKENIZE_CHUNK = 1024
 
@@ -76,6 +77,12 @@ def _as_lines(data, name):
     if isinstance(data, (str, os.PathLike)):
         return read_lines(data)
     if isinstance(data, (list, tuple)):
+        for index, line in enumerate(data):
+            if not isinstance(line, str):
+                raise ValueError(
+                    f"`{name}` must hold sentences (`str`); item {index} is "
+                    f"{type(line).__name__}: {line!r:.80}. Decode bytes and drop missing entries first."
+                )
         return list(data)
     raise ValueError(
         f"`{name}` must be a path (plain or .gz) or a list of strings. "
@@ -398,12 +405,12 @@ def make_dataset(
             (fewer XLA/JAX recompilations) at the cost of more padding.
             Needs bucketing; lengths above the last boundary are not
             allowed, so `"auto"` ends at `sequence_length + 1`.
-        shuffle_buffer_size: optional int. Defaults to the dataset size
-            (a full shuffle).
+        shuffle_buffer_size: optional int >= 1. Defaults to the dataset
+            size (a full shuffle).
         repeat: bool. Repeat forever (before batching). Defaults to `False`.
         cache: bool. Cache the tokenized, packed examples in memory.
             Defaults to `True`.
-        batch_multiple: int. Pad every batch with all-padding rows up to a
+        batch_multiple: int >= 1. Pad every batch with all-padding rows up to a
             multiple of this (the device count of data-parallel training,
             which needs an even split). Defaults to 1.
         subword_alpha: optional float in `(0, 1]`. Subword regularization
@@ -423,8 +430,10 @@ def make_dataset(
         labels int32 (B, T))`, `S, T <= sequence_length`.
 
     Raises:
-        ValueError: on misaligned inputs, bad `sequence_length`,
-            `tokens_per_batch`, `bucket_boundaries` or `subword_alpha`.
+        ValueError: on misaligned inputs, items that are not strings, no
+            pair that tokenizes to pieces on both sides, bad
+            `sequence_length`, `tokens_per_batch`, `bucket_boundaries`,
+            `subword_alpha`, `shuffle_buffer_size` or `batch_multiple`.
 
     Example:
 
@@ -453,8 +462,20 @@ def make_dataset(
     )
     if subword_alpha is not None:
         check_alpha(subword_alpha, "subword_alpha")
+    if shuffle_buffer_size is not None:
+        shuffle_buffer_size = check_count(shuffle_buffer_size, "shuffle_buffer_size")
+    batch_multiple = check_count(batch_multiple, "batch_multiple")
     src_lines, tgt_lines = read_pairs(src, tgt)
     ds = tokenize_pairs(src_lines, tgt_lines, src_tokenizer, tgt_tokenizer, sequence_length)
+    if not int(ds.take(1).reduce(0, lambda n, _: n + 1)):
+        # Lines of zero-width or control characters alone are not blank to
+        # `str.strip` but tokenize to nothing: a dataset of no batch would
+        # train (or validate) on nothing without a word.
+        raise ValueError(
+            f"`src` and `tgt` hold no sentence pair that tokenizes to pieces on both sides: in each of "
+            f"the {len(src_lines)} non-blank pairs one side normalizes to nothing (zero-width or control "
+            "characters only). Check the files' contents."
+        )
     if cache:
         ds = ds.cache()
     examples = ds

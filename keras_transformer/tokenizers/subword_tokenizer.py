@@ -32,6 +32,7 @@ import json
 import numbers
 import os
 
+import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -101,10 +102,12 @@ class SubwordTokenizer(tf.Module):
     that imports only `tensorflow` and `tensorflow_text`.
 
     `tokenize` adds no start/end ids (see `keras_transformer.data` for
-    packing). `detokenize` is lossless for text the vocabulary covers when
-    the proto was trained by `train_subword_tokenizer` (identity
-    normalization, whitespace kept), except that leading whitespace of a
-    sentence is dropped; with `lowercase=True` the output is lowercased.
+    packing). `detokenize` gives back the text as `tokenize` normalized it
+    (`normalization.normalize_text`: Unicode NFC, each run of whitespace one
+    space, no leading or trailing space, no zero-width or control
+    characters) when the vocabulary covers it and the proto was trained by
+    `train_subword_tokenizer` (SentencePiece's own normalization off); with
+    `lowercase=True` the output is lowercased.
 
     Args:
         proto: bytes. A serialized SentencePiece `ModelProto` whose special
@@ -338,6 +341,8 @@ class SubwordTokenizer(tf.Module):
                 )
             dense = ids.to_tensor(default_value=tf.cast(PAD_ID, ids.dtype))
             return self._detokenize_dense(dense)
+        if not tf.is_tensor(ids) and np.size(ids) == 0:  # [] converts to float32
+            ids = np.zeros(np.shape(ids), np.int32)
         ids = tf.convert_to_tensor(ids)
         if not ids.dtype.is_integer:
             raise ValueError(
@@ -354,15 +359,17 @@ class SubwordTokenizer(tf.Module):
         )
 
     def _detokenize_dense(self, ids):
-        ids = tf.cast(ids, tf.int32)
+        # Ids outside the vocabulary become padding before the cast to int32,
+        # which would wrap a large int64 id onto a valid one (2**32 + 20 -> 20).
+        wide = tf.cast(ids, tf.int64)
+        in_range = tf.logical_and(tf.greater_equal(wide, 0), tf.less(wide, self._vocab_size))
+        ids = tf.where(in_range, tf.cast(wide, tf.int32), PAD_ID)
         is_end = tf.cast(tf.equal(ids, END_ID), tf.int32)
         before_end = tf.equal(tf.cumsum(is_end, axis=-1), 0)
         keep = (
             before_end
             & tf.not_equal(ids, PAD_ID)
             & tf.not_equal(ids, START_ID)
-            & tf.greater_equal(ids, 0)
-            & tf.less(ids, self._vocab_size)
         )
         return self._tokenizer.detokenize(tf.ragged.boolean_mask(ids, keep))
 

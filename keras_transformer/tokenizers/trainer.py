@@ -8,6 +8,7 @@ the special ids of `subword_tokenizer` fixed, and returns the tokenizer.
 
 import io
 import os
+import warnings
 
 import sentencepiece as spm
 
@@ -25,6 +26,9 @@ from keras_transformer.tokenizers.subword_tokenizer import SubwordTokenizer
 from keras_transformer.tokenizers.subword_tokenizer import _SPECIALS
 from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
+
+# SentencePiece's default `max_sentence_length`, in UTF-8 bytes.
+_MAX_SENTENCE_BYTES = 4192
 
 # SentencePiece's byte_fallback adds a piece for each byte value, <0x00> to <0xFF>.
 _BYTE_PIECES = 256
@@ -73,6 +77,15 @@ def _collect_sentences(data):
         for path in data:
             sentences.extend(read_lines(path))
         return sentences
+    if any(_is_path(item) for item in data):
+        # A list of paths with one wrong would otherwise train on the paths'
+        # own text as two or three "sentences".
+        missing = [item for item in data if not _is_path(item)]
+        raise ValueError(
+            f"`data` mixes paths of existing files with {len(missing)} item(s) that are not "
+            f"files, such as {os.fspath(missing[0])!r:.80}: fix the path(s) (a directory is not "
+            "a file), or pass only sentences."
+        )
     for item in data:
         if not isinstance(item, str):
             raise ValueError(
@@ -99,10 +112,11 @@ def train_subword_tokenizer(
     Runs the SentencePiece trainer (the same backend as
     `keras_hub.tokenizers.compute_sentence_piece_proto`, called directly
     because that helper cannot pass the options below) with the library's
-    fixed special pieces `<pad>`=0, `<unk>`=1, `<s>`=2, `</s>`=3, identity
-    normalization and whitespace kept, so detokenization reproduces the
-    training text exactly (BLEU is computed on detokenized text against raw
-    references). Training is deterministic: the same data and arguments
+    fixed special pieces `<pad>`=0, `<unk>`=1, `<s>`=2, `</s>`=3, on the
+    text as the tokenizer normalizes it (`normalization.normalize_text`),
+    with SentencePiece's own normalization off (identity rule, whitespace
+    kept), so that detokenization gives back that normalized text (BLEU is
+    computed on detokenized text against raw references). Training is deterministic: the same data and arguments
     give byte-identical protos (`num_threads=1` by default for that reason).
 
     Vocabulary size: `hard_vocab_limit=False` is used, so on a small corpus
@@ -115,7 +129,10 @@ def train_subword_tokenizer(
             `.gz`, one sentence per line, UTF-8) or a list of such paths.
             A string is treated as a path when it names an existing file
             (or is an `os.PathLike`); a list is a list of paths when every
-            item is. Empty lines are ignored.
+            item is (a list that mixes existing files with other items is
+            refused). Empty lines are ignored; sentences longer than
+            SentencePiece's `max_sentence_length` (4,192 UTF-8 bytes) are
+            left out of training with a `UserWarning`.
         vocab_size: int. Requested vocabulary size, special pieces included.
         lowercase: bool. Lowercase the training text with
             `tf.strings.lower(..., encoding="utf-8")` and return a tokenizer
@@ -140,7 +157,9 @@ def train_subword_tokenizer(
         `SubwordTokenizer`.
 
     Raises:
-        ValueError: if `data` is empty or of the wrong type, if `vocab_size`
+        ValueError: if `data` is empty or of the wrong type, mixes paths
+            with items that are not files, holds only sentences longer than
+            `max_sentence_length`, if `vocab_size`
             is too small for the corpus's characters (with `byte_fallback`,
             at most 260: the byte and special pieces alone), if
             `byte_fallback` is not a bool, if `model_type` is
@@ -214,6 +233,22 @@ def train_subword_tokenizer(
         minloglevel=2,
     )
     options.update(trainer_kwargs)
+    # SentencePiece leaves longer sentences out of training without a word.
+    limit = int(options.get("max_sentence_length", _MAX_SENTENCE_BYTES))
+    too_long = sum(len(s.encode("utf-8")) > limit for s in sentences)
+    if too_long == len(sentences):
+        raise ValueError(
+            f"Every sentence of `data` is longer than {limit} UTF-8 bytes, which SentencePiece "
+            "skips in training: split the text into sentences (one a line), or raise the limit "
+            "with max_sentence_length=..."
+        )
+    if too_long:
+        warnings.warn(
+            f"{too_long} of {len(sentences)} sentences are longer than {limit} UTF-8 bytes and are "
+            "left out of the vocabulary's training (SentencePiece's max_sentence_length); split "
+            "them, or raise the limit with max_sentence_length=...",
+            stacklevel=2,
+        )
     writer = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
