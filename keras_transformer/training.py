@@ -355,33 +355,62 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
         json.dump({"training": dataclasses.asdict(config), "model": model}, f, indent=2)
 
 
-def _read_and_tokenize(out, config):
-    """The training lines (aligned, not all blank; `extra_train`'s pairs
-    after them) and the run's tokenizers (trained on `train_src` /
-    `train_tgt`, or loaded when the folder has them)."""
-    src_lines = read_lines(config.train_src)
-    tgt_lines = read_lines(config.train_tgt)
+def _aligned(src, tgt, what):
+    """The lines of two files that must be aligned, with at least one pair
+    whose sides are both non-blank (`what` names them in the errors)."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
     if len(src_lines) != len(tgt_lines):
         raise ValueError(
-            f"{config.train_src} has {len(src_lines)} lines but {config.train_tgt} "
-            f"has {len(tgt_lines)}; the files must be aligned line by line."
+            f"{what}: {src} has {len(src_lines)} lines but {tgt} has {len(tgt_lines)}; the files "
+            "must be aligned line by line."
         )
+    return src_lines, tgt_lines
+
+
+def _blank_pairs(src_lines, tgt_lines):
+    """How many pairs have a blank side (`make_dataset` leaves them out)."""
+    return sum(1 for s, t in zip(src_lines, tgt_lines) if not (s.strip() and t.strip()))
+
+
+def _read_training_files(config):
+    """Every file a run reads, read and checked before anything is written:
+    `(src_lines, tgt_lines, val_lines)` with `extra_train`'s pairs after the
+    training pairs and `val_lines` `(src, tgt)` or None.
+
+    Raises:
+        ValueError: naming the files, for a pair of files that are not
+            aligned line by line, or training or validation files without
+            a pair whose sides are both non-blank.
+    """
+    src_lines, tgt_lines = _aligned(config.train_src, config.train_tgt, "training files")
     if config.max_train_pairs:
         src_lines = src_lines[: config.max_train_pairs]
         tgt_lines = tgt_lines[: config.max_train_pairs]
-    if not any(s.strip() and t.strip() for s, t in zip(src_lines, tgt_lines)):
+    if _blank_pairs(src_lines, tgt_lines) == len(src_lines):
         raise ValueError(
             f"No sentence pairs in {config.train_src} / {config.train_tgt}: the "
             "files are empty or every pair has a blank side."
         )
-    src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
-    for extra_src, extra_tgt in check_extra_train(config.extra_train):
-        extra_src_lines, extra_tgt_lines = read_lines(extra_src), read_lines(extra_tgt)
-        if len(extra_src_lines) != len(extra_tgt_lines):
+    extra = [_aligned(extra_src, extra_tgt, "extra_train")
+             for extra_src, extra_tgt in check_extra_train(config.extra_train)]
+    val_lines = None
+    if config.val_src:
+        val_lines = _aligned(config.val_src, config.val_tgt, "validation files")
+        if _blank_pairs(*val_lines) == len(val_lines[0]):
             raise ValueError(
-                f"extra_train: {extra_src} has {len(extra_src_lines)} lines but {extra_tgt} "
-                f"has {len(extra_tgt_lines)}; the files must be aligned line by line."
+                f"No sentence pairs in the validation files {config.val_src} / {config.val_tgt}: "
+                "they are empty or every pair has a blank side."
             )
+    return src_lines, tgt_lines, extra, val_lines
+
+
+def _read_and_tokenize(out, config, files):
+    """The training lines (`_read_training_files`; `extra_train`'s pairs
+    after them) and the run's tokenizers (trained on `train_src` /
+    `train_tgt`, or loaded when the folder has them)."""
+    src_lines, tgt_lines, extra, _ = files
+    src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
+    for extra_src_lines, extra_tgt_lines in extra:
         src_lines, tgt_lines = src_lines + extra_src_lines, tgt_lines + extra_tgt_lines
     return src_lines, tgt_lines, src_tok, tgt_tok
 
@@ -497,6 +526,7 @@ def train(config, verbose=1):
     extra_train = check_extra_train(config.extra_train)
     check_files(config.train_src, config.train_tgt, config.val_src or None, config.val_tgt or None,
                 *(path for pair in extra_train for path in pair))
+    files = _read_training_files(config)  # alignment and blank files, before anything is written
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output-dir {out} is a file; pass a new or empty folder for the run.")
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "config.json")):
@@ -511,7 +541,7 @@ def train(config, verbose=1):
         # Written before the tokenizers are trained, so that a run cut short
         # still records what its tokenizers were asked for.
         _write_run_config(out, config, model_config)
-        src_lines, tgt_lines, src_tok, tgt_tok = _read_and_tokenize(out, config)
+        src_lines, tgt_lines, src_tok, tgt_tok = _read_and_tokenize(out, config, files)
     except BaseException:
         if created:  # a start that fails leaves no folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -521,8 +551,15 @@ def train(config, verbose=1):
 
     training_path = _fast_path(config)
     if verbose:
-        val_pairs = len(read_lines(config.val_src)) if config.val_src else 0
-        print(f"Read {len(src_lines)} training pairs" + (f" and {val_pairs} validation pairs" if val_pairs else "")
+        val_lines = files[3]
+
+        def counted(lines, kind):
+            blank = _blank_pairs(*lines)
+            return (f"{len(lines[0]) - blank} {kind} pairs"
+                    + (f" ({blank} more with a blank side left out)" if blank else ""))
+
+        print(f"Read {counted((src_lines, tgt_lines), 'training')}"
+              + (f" and {counted(val_lines, 'validation')}" if val_lines else "")
               + f"; vocabularies: source {src_tok.vocab_size} pieces (asked {config.src_vocab_size}), "
               f"target {tgt_tok.vocab_size} (asked {config.tgt_vocab_size})"
               + (", one shared vocabulary" if config.shared_vocab else ""))

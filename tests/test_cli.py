@@ -939,14 +939,18 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
         kt.load_translator(str(run), checkpoint="nope")
     with pytest.raises(FileNotFoundError, match="neither a SavedModel"):
         kt.load_translator(str(tmp_path))
-    # A rerun says what it read and what it resumes from.
+    # A rerun says what it read (pairs with a blank side, which are left
+    # out, apart: they were counted as read) and what it resumes from.
+    for side in ("en", "de"):
+        (tmp_path / f"val-blank.{side}").write_text((data / f"val.{side}").read_text() + " \n")
     main(["train", "--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
-          "--val-src", str(data / "val.en"), "--val-tgt", str(data / "val.de"),
+          "--val-src", str(tmp_path / "val-blank.en"), "--val-tgt", str(tmp_path / "val-blank.de"),
           "--output-dir", str(run), "--preset", "tiny", "--num-layers", "1",
           "--sequence-length", "24", "--src-vocab-size", "150", "--tgt-vocab-size", "170",
           "--tokens-per-batch", "1024", "--warmup-steps", "10", "--epochs", "3"])
     out = capsys.readouterr().out
-    assert "Read 300 training pairs and 20 validation pairs; vocabularies: source" in out
+    assert ("Read 300 training pairs and 20 validation pairs (1 more with a blank side left out); "
+            "vocabularies: source") in out
     assert "(asked 150)" in out and f"Resuming {run} after epoch 2" in out
     assert "parameters (preset tiny, tie_embeddings=none)" in out
     assert "Trained 1 epoch in " in out and f"run folder: {run}" in out
@@ -1225,10 +1229,14 @@ def test_a_wrong_path_is_reported_before_tensorflow_starts(argv, tmp_path):
     ("misaligned", "has 50 lines but"),
     ("blank", "No sentence pairs in"),
     ("vocabulary", "vocab_size"),
+    ("val-misaligned", "validation files: .*val.en has 10 lines but .*short.de has 9"),
+    ("val-blank", "No sentence pairs in the validation files .*blank.txt"),
 ])
 def test_a_train_that_fails_on_its_data_leaves_no_run_folder(tmp_path, capsys, problem, message):
     """These are found while reading the files or training the tokenizers,
-    after the folder was made: it used to stay behind with a config.json."""
+    after the folder was made: it used to stay behind with a config.json.
+    Validation files were read only after the tokenizers were trained and
+    the folder written (a new-user trial), and their errors named no file."""
     data = tmp_path / "data"
     write_synthetic_corpus(str(data), n_train=50, n_val=10, seed=3)
     src, tgt, flags = data / "train.en", data / "train.de", []
@@ -1238,12 +1246,19 @@ def test_a_train_that_fails_on_its_data_leaves_no_run_folder(tmp_path, capsys, p
     elif problem == "blank":
         src = tgt = tmp_path / "blank.txt"
         src.write_text("\n \n\n")
+    elif problem == "val-misaligned":
+        short = tmp_path / "short.de"
+        short.write_text("\n".join((data / "val.de").read_text().splitlines()[:9]) + "\n")
+        flags = ["--val-src", str(data / "val.en"), "--val-tgt", str(short)]
+    elif problem == "val-blank":
+        (tmp_path / "blank.txt").write_text("\n \n\n")
+        flags = ["--val-src", str(tmp_path / "blank.txt"), "--val-tgt", str(tmp_path / "blank.txt")]
     else:
         flags = ["--src-vocab-size", "5"]
     run = tmp_path / "run"
     err = _train_error(["--train-src", str(src), "--train-tgt", str(tgt), "--output-dir", str(run),
                         "--preset", "tiny"] + flags, capsys)
-    assert message in err, err
+    assert re.search(message, err), err
     assert not run.exists()
 
 
