@@ -362,6 +362,20 @@ class _OneValueUnderTwoNames(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _Once(argparse.Action):
+    """A file flag that takes one value: given twice is an error, not the
+    last one silently winning (`evaluate --ref a.de --ref b.de` scored b.de
+    alone, where several references were meant)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "_given_" + self.dest, None)
+        if given is not None:
+            parser.error(f"{option_string} given twice ({given} and {values}): this command reads one "
+                         f"{self.metavar or self.dest} file; pass {option_string} once.")
+        setattr(namespace, "_given_" + self.dest, values)
+        setattr(namespace, self.dest, values)
+
+
 def _apply_config_file(parser, argv):
     """Make the values of `train --config FILE` the train parser's
     defaults, so that flags on the command line override them."""
@@ -445,6 +459,8 @@ def evaluate_files(serve, src_path, ref_path, batch_size=64, limit=None, output=
     from keras_transformer.translator import translate_lines
 
     sources, references = read_parallel(src_path, ref_path)
+    if not sources:  # before --output is written
+        raise ValueError(f"{src_path} and {ref_path} hold no line: there is nothing to score.")
     if output:
         open(output, "w").close()  # an unwritable path fails now, not after translating
     if limit:
@@ -854,8 +870,10 @@ def main(argv=None):
     model.add_argument("--saved-model", help="exported SavedModel folder")
     model.add_argument("--ensemble", action="append", metavar="MODEL",
                        help="a run or SavedModel folder, repeated (two or more): decode the models as an ensemble (the mean of their distributions a step; the same tokenizers), in this process, with the search flags below")
-    p.add_argument("--src", required=True, help="source file to translate (plain or .gz)")
-    p.add_argument("--ref", required=True, help="reference translations, aligned with --src")
+    p.add_argument("--src", required=True, action=_Once, metavar="SOURCE",
+                   help="source file to translate (plain or .gz)")
+    p.add_argument("--ref", required=True, action=_Once, metavar="REFERENCE",
+                   help="reference translations, aligned with --src (one reference file)")
     p.add_argument("--limit", type=_positive_int, help="first N sentences only")
     p.add_argument("--no-language-check", action="store_true",
                    help="evaluate even where the files' names end in language codes (train.de.gz) other "

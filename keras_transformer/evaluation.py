@@ -1,5 +1,8 @@
 """Corpus-level translation scores (BLEU, chrF) computed with sacreBLEU."""
 
+import unicodedata
+import warnings
+
 from sacrebleu.metrics import BLEU
 from sacrebleu.metrics import CHRF
 
@@ -21,6 +24,20 @@ def _check_corpus(name, sentences):
     return sentences
 
 
+def _warn_about_normalization(hypotheses, references):
+    """sacreBLEU compares code points: a reference in Unicode NFD (an `o` and
+    a combining diaeresis) does not match the NFC `ö` of a translation (this
+    library's output is NFC), and scores drop without a word."""
+    decomposed = sum(not unicodedata.is_normalized("NFC", r) for r in references)
+    if decomposed and not any(not unicodedata.is_normalized("NFC", h) for h in hypotheses):
+        warnings.warn(
+            f"{decomposed} of {len(references)} references are not in Unicode NFC (composed "
+            "characters) while the translations are: BLEU and chrF count such characters as "
+            "mismatches. Normalize the references to NFC first (unicodedata.normalize('NFC', line)).",
+            stacklevel=3,
+        )
+
+
 def corpus_scores(hypotheses, references):
     """Corpus BLEU (cased and lowercased) and chrF of detokenized outputs.
 
@@ -30,6 +47,9 @@ def corpus_scores(hypotheses, references):
     (`bleu_lowercase`), and chrF (character 6-grams, beta 2). Each score
     comes with its sacreBLEU signature string, which records these settings
     and should be reported next to the number. One reference per segment.
+    Texts are scored as given; references that are not in Unicode NFC
+    beside translations that are get a `UserWarning` (their composed and
+    decomposed characters would count as mismatches).
 
     Args:
         hypotheses: list of str. Detokenized system outputs, one per segment.
@@ -73,6 +93,7 @@ def corpus_scores(hypotheses, references):
     if not hypotheses:
         raise ValueError("Cannot score an empty corpus: received 0 segments.")
 
+    _warn_about_normalization(hypotheses, references)
     bleu = BLEU()
     bleu_lowercase = BLEU(lowercase=True)
     chrf = CHRF()

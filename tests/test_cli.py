@@ -564,6 +564,21 @@ def test_evaluate_checks_its_files_before_loading_a_model(tmp_path, capsys):
         assert info.value.code == 1
         assert says in capsys.readouterr().err
     assert ref.read_text() == "Ein Hund.\n"
+    # A second --ref replaced the first without a word (a new-user trial).
+    with pytest.raises(SystemExit) as info:
+        main(["evaluate", "--run", str(tmp_path / "no-run"), "--src", str(src), "--ref", str(src),
+              "--ref", str(ref)])
+    assert info.value.code == 2
+    assert f"--ref given twice ({src} and {ref}): this command reads one REFERENCE file" in capsys.readouterr().err
+    # Empty files wrote a blank line to --output before "Cannot score an empty corpus".
+    from keras_transformer.cli import evaluate_files
+
+    (tmp_path / "empty.en").write_text("")
+    (tmp_path / "empty.de").write_text("")
+    with pytest.raises(ValueError, match="hold no line: there is nothing to score"):
+        evaluate_files(lambda batch: batch, str(tmp_path / "empty.en"), str(tmp_path / "empty.de"),
+                       output=str(tmp_path / "out.txt"))
+    assert not (tmp_path / "out.txt").exists()
 
 
 @pytest.mark.parametrize("extra", [["--beam-size", "1"], ["--length-penalty", "1.0"],
