@@ -221,6 +221,29 @@ def test_read_lines_keeps_spaces_and_handles_crlf(tmp_path):
     assert read_lines(path) == [" a b ", "second", "", "last"]
     lines = [t.decode() for t in text_line_dataset(path).as_numpy_iterator()]
     assert lines == read_lines(path)
+    # A byte-order mark that starts the file: read_lines dropped it and the
+    # dataset kept it (a new-user trial).
+    path.write_bytes("\ufeffFirst\r\nsecond\n".encode("utf-8"))
+    lines = [t.decode() for t in text_line_dataset(path).as_numpy_iterator()]
+    assert lines == read_lines(path) == ["First", "second"]
+
+
+def test_gzip_is_read_by_its_bytes_and_other_compressions_are_named(tmp_path):
+    """`train.en.GZ`, or gzip data named `train.en`, was "not UTF-8 text
+    (invalid start byte)"; so was a `.bz2` file, without saying why."""
+    import bz2
+
+    text = "Ein Hund.\nZwei Katzen.\n"
+    for name in ("train.de.GZ", "train.de"):
+        with gzip.open(tmp_path / name, "wt", encoding="utf-8") as f:
+            f.write(text)
+        assert read_lines(tmp_path / name) == ["Ein Hund.", "Zwei Katzen."]
+        assert [t.decode() for t in text_line_dataset(tmp_path / name).as_numpy_iterator()] == read_lines(
+            tmp_path / name)
+    (tmp_path / "train.de.bz2").write_bytes(bz2.compress(text.encode()))
+    for read in (read_lines, text_line_dataset):
+        with pytest.raises(ValueError, match="train.de.bz2 is bzip2-compressed, which is not read: decompress it"):
+            read(tmp_path / "train.de.bz2")
 
 
 def test_misaligned_inputs_raise(tmp_path, tokenizers):

@@ -6,8 +6,32 @@ import os
 from keras_transformer.config import check_files  # noqa: F401 (public here too)
 
 
+# Leading bytes of compressed files: gzip is read whatever the file's name;
+# the others are named in the error (they read as text that is not UTF-8).
+_GZIP_MAGIC = b"\x1f\x8b"
+_OTHER_COMPRESSIONS = ((b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                       (b"PK\x03\x04", "zip"))
+
+
+def _leading_bytes(path, count=6):
+    try:
+        with open(path, "rb") as f:
+            return f.read(count)
+    except OSError:
+        return b""  # the open that follows reports it
+
+
 def _is_gzip(path):
-    return os.fspath(path).endswith(".gz")
+    """A `.gz` name (any case), or gzip data under another name."""
+    return os.fspath(path).lower().endswith(".gz") or _leading_bytes(path).startswith(_GZIP_MAGIC)
+
+
+def _check_not_other_compression(path):
+    head = _leading_bytes(path)
+    for magic, name in _OTHER_COMPRESSIONS:
+        if head.startswith(magic):
+            raise ValueError(f"{os.fspath(path)} is {name}-compressed, which is not read: decompress it, "
+                             "or compress it with gzip (plain text and gzip are read).")
 
 
 def read_lines(path):
@@ -19,15 +43,16 @@ def read_lines(path):
     starts the file; leading/trailing spaces are kept.
 
     Args:
-        path: str or path-like. Files whose name ends with `.gz` are
-            decompressed.
+        path: str or path-like. Files whose name ends with `.gz` (in any
+            case) or that hold gzip data are decompressed.
 
     Returns:
         list of `str`, one per line.
 
     Raises:
         FileNotFoundError: if `path` does not exist.
-        ValueError: if the file is not UTF-8 text, or a `.gz` name holds no
+        ValueError: if the file is not UTF-8 text, is compressed otherwise
+            than with gzip (bzip2, xz, zstd, zip), or a `.gz` name holds no
             complete gzip data (naming the file).
 
     Example:
@@ -36,12 +61,15 @@ def read_lines(path):
     sentences = read_lines("multi30k/train.de.gz")
     ```
     """
-    opener = gzip.open if _is_gzip(path) else open
+    gzipped = _is_gzip(path)
+    if not gzipped:
+        _check_not_other_compression(path)
+    opener = gzip.open if gzipped else open
     try:
         with opener(path, "rt", encoding="utf-8", newline="\n") as f:
             return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
     except (gzip.BadGzipFile, EOFError) as error:
-        raise ValueError(f"{os.fspath(path)} ends with .gz but is not a complete gzip file ({error}); "
+        raise ValueError(f"{os.fspath(path)} is not a complete gzip file ({error}); "
                          "decompress it right, or name a plain text file without .gz.") from None
 
 
@@ -105,11 +133,13 @@ def read_parallel(src_path, tgt_path):
 
 
 def text_line_dataset(path):
-    """Returns a `tf.data.Dataset` of the lines of a plain or `.gz` file.
+    """Returns a `tf.data.Dataset` of the lines of a plain or `.gz` file:
+    the lines of `read_lines` (a byte-order mark that starts the file
+    removed too).
 
     Args:
-        path: str or path-like. `compression_type="GZIP"` is used when the
-            name ends with `.gz`.
+        path: str or path-like. `compression_type="GZIP"` is used for the
+            files `read_lines` decompresses.
 
     Returns:
         `tf.data.Dataset` of scalar `tf.string` (line terminator removed).
@@ -122,6 +152,10 @@ def text_line_dataset(path):
     """
     import tensorflow as tf
 
-    return tf.data.TextLineDataset(
-        os.fspath(path), compression_type="GZIP" if _is_gzip(path) else ""
-    )
+    gzipped = _is_gzip(path)
+    if not gzipped:
+        _check_not_other_compression(path)
+    lines = tf.data.TextLineDataset(os.fspath(path), compression_type="GZIP" if gzipped else "")
+    # A byte-order mark starts a file only: the first line's is dropped.
+    first = lines.take(1).map(lambda line: tf.strings.regex_replace(line, "^\ufeff", ""))
+    return first.concatenate(lines.skip(1))
