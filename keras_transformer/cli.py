@@ -545,6 +545,11 @@ def cmd_translate(args):
         if not lines:
             raise ValueError("--plot-attention needs a sentence: pass it as an argument or on stdin.")
         from keras_transformer.plotting import plot_attention
+        from keras_transformer.tokenizers.normalization import normalize_text
+
+        if not normalize_text([lines[0]]).numpy()[0]:  # an end token attending to an end token
+            raise ValueError("--plot-attention plots the first sentence, and it is blank: put a sentence "
+                             "first (an argument, or the first line on stdin).")
 
         found = _translator(args).attention_scores(lines[0])
         plot_attention(found["source_tokens"], found["output_tokens"], found["weights"],

@@ -272,11 +272,26 @@ def check_config_values(values, where):
         else:
             ok = True
         if not ok:
+            hint = "."
+            if kind is bool:
+                hint = " (write true or false, unquoted)."
+            elif kind in (int, float) and isinstance(value, str) and _reads_as_number(value):
+                # YAML 1.1 (PyYAML) reads an exponent without a dot as text.
+                hint = (" (YAML reads a number like 5e-1 as text: write it with a dot, such as 0.5 or "
+                        "5.0e-1, unquoted).")
             raise ValueError(
                 f"{where}: `{name}` must be a {kind.__name__}; got {value!r} "
-                f"({type(value).__name__})" + (" (write true or false, unquoted)." if kind is bool else ".")
+                f"({type(value).__name__})" + hint
             )
     return values
+
+
+def _reads_as_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_run_folder(path):

@@ -136,11 +136,23 @@ class SavedModelTranslator:
         return self._signatures["translate_n_best"](text=text)
 
     def __call__(self, text):
-        """Translations of `text` (a `str`, a list of `str` or a tf.string
-        tensor), as a tf.string tensor `(batch,)`."""
+        """Translations of `text`, as `Translator.__call__` gives them: a
+        `str` (or scalar tf.string) -> a scalar tf.string; a list of `str`
+        (or a `(batch,)` tf.string tensor) -> tf.string `(batch,)`.
+
+        Raises:
+            ValueError: for a rank above 1.
+        """
         import tensorflow as tf
 
-        return self.serve(tf.constant(text, tf.string))["translation"]
+        text = tf.convert_to_tensor(text, tf.string)
+        if text.shape.rank == 0:
+            return self.serve(tf.reshape(text, (1,)))["translation"][0]
+        if text.shape.rank != 1:
+            raise ValueError(
+                f"The translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
+            )
+        return self.serve(text)["translation"]
 
     def translate_lines(self, lines, batch_size=64, progress=False):
         """Translate a list of `str`; see `translator.translate_lines`. Warns

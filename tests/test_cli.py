@@ -79,6 +79,13 @@ def test_train_resume_evaluate_translate_export(tmp_path, capsys):
     main(["translate", "--run", run, "--beam-size", "1", "--plot-attention", str(plot), "A dog runs."])
     assert capsys.readouterr().out.strip().splitlines() == lines[:1]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A blank first sentence plotted an end token attending to an end token (a new-user trial).
+    for blank in (" ", "\u200b"):
+        with pytest.raises(SystemExit):
+            main(["translate", "--run", run, "--beam-size", "1", "--plot-attention", str(tmp_path / "b.png"),
+                  blank, "A dog runs."])
+        assert "--plot-attention plots the first sentence, and it is blank" in capsys.readouterr().err
+    assert not (tmp_path / "b.png").exists()
 
     saved = str(tmp_path / "saved")
     main(["export", "--run", run, "--output", saved, "--beam-size", "1"])
@@ -941,6 +948,14 @@ def test_config_file_tensorboard_n_best_and_load_translator(tmp_path, capsys):
     main(["export", "--run", str(run), "--output", str(exported), "--beam-size", "3"])
     from_saved_model = kt.load_translator(str(exported))
     assert from_saved_model.translate_lines(sentences) == plain
+    # Called on one string, both loaders give one scalar string, on a list a
+    # vector: the SavedModel's gave shape (1,) where the run's gave a scalar.
+    for loaded in (from_saved_model, from_run):
+        one, batch = loaded(sentences[0]), loaded(sentences)
+        assert one.shape == () and one.numpy().decode() == plain[0]
+        assert batch.shape == (2,) and [t.decode() for t in batch.numpy()] == plain
+        with pytest.raises(ValueError, match="a string or a rank-1 batch of strings; got shape \\(1, 2\\)"):
+            loaded([sentences])
     assert [h[0][0] for h in from_saved_model.translate_n_best(sentences, 2)] == plain
     with pytest.warns(UserWarning, match=r"1 of 1 sentences are longer than the model's source limit of 23 "):
         from_saved_model.translate_lines([" ".join(sentences * 10)])
@@ -1159,6 +1174,13 @@ def test_settings_that_would_silently_train_the_wrong_thing_are_refused(tmp_path
     config.write_text("shared_vocab: 'false'\n")
     with pytest.raises(ValueError, match="`shared_vocab` must be a bool; got 'false'"):
         read_config_file(str(config))
+    # PyYAML reads 5e-1 as text; the message said only "must be a float".
+    config.write_text("lr_scale: 5e-1\n")
+    with pytest.raises(ValueError, match=r"`lr_scale` must be a float; got '5e-1' \(str\) \(YAML reads a number "
+                                         r"like 5e-1 as text: write it with a dot, such as 0.5 or 5.0e-1"):
+        read_config_file(str(config))
+    config.write_text("lr_scale: 5.0e-1\n")
+    assert read_config_file(str(config)) == {"lr_scale": 0.5}
     config.write_text("max-train-pairs: 5\nlowercase: true\nlr_scale: 1\n")
     assert read_config_file(str(config)) == {"max_train_pairs": 5, "lowercase": True, "lr_scale": 1}
     config.write_text("max_train_pairs: -5\n")
