@@ -143,16 +143,9 @@ class SavedModelTranslator:
         Raises:
             ValueError: for a rank above 1.
         """
-        import tensorflow as tf
+        from keras_transformer.translator import translate_text
 
-        text = tf.convert_to_tensor(text, tf.string)
-        if text.shape.rank == 0:
-            return self.serve(tf.reshape(text, (1,)))["translation"][0]
-        if text.shape.rank != 1:
-            raise ValueError(
-                f"The translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
-            )
-        return self.serve(text)["translation"]
+        return translate_text(self.serve, text)
 
     def translate_lines(self, lines, batch_size=64, progress=False):
         """Translate a list of `str`; see `translator.translate_lines`. Warns

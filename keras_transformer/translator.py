@@ -492,14 +492,25 @@ class Translator(tf.Module):
         return tf.cond(too_long, clip, lambda: source_ids)
 
     def __call__(self, text):
-        text = tf.convert_to_tensor(text, tf.string)
-        if text.shape.rank == 0:
-            return self.serve(tf.reshape(text, (1,)))["translation"][0]
-        if text.shape.rank != 1:
-            raise ValueError(
-                f"Translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
-            )
-        return self.serve(text)["translation"]
+        return translate_text(self.serve, text)
+
+
+def translate_text(serve, text):
+    """The translations of `text` by `serve` (a `serving_default`): a `str`
+    or scalar tf.string -> a scalar tf.string; a list of `str` or a
+    `(batch,)` tf.string tensor -> tf.string `(batch,)`.
+
+    Raises:
+        ValueError: for a rank above 1.
+    """
+    text = tf.convert_to_tensor(text, tf.string)
+    if text.shape.rank == 0:
+        return serve(tf.reshape(text, (1,)))["translation"][0]
+    if text.shape.rank != 1:
+        raise ValueError(
+            f"The translator takes a string or a rank-1 batch of strings; got shape {text.shape}."
+        )
+    return serve(text)["translation"]
 
 
 def _check_lines(lines, batch_size):
