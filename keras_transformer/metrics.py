@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.id_range import check_integer_ids
+from keras_transformer.losses import check_label_shape
 from keras_transformer.losses import per_token_weight
 
 
@@ -32,7 +33,9 @@ def _correct_and_mask(y_true, y_pred, pad_id):
             f"predictions) or `(batch, T)` (predicted ids). Received: y_true.shape={tuple(y_true.shape)}, "
             f"y_pred.shape={tuple(y_pred.shape)}."
         )
-    y_true = ops.cast(y_true, "int32")
+    # A (batch, 1) label against (batch, T, vocab) broadcast into an
+    # accuracy above 1 without this; (batch, T') failed inside the backend.
+    y_true = ops.cast(check_label_shape(y_true, y_pred, axes=2), "int32")
     if ids_given:
         predicted = ops.cast(y_pred, "int32")
     else:
@@ -42,6 +45,7 @@ def _correct_and_mask(y_true, y_pred, pad_id):
     return correct, mask
 
 
+@keras.saving.register_keras_serializable(package="keras_transformer")
 def masked_accuracy(y_true, y_pred, *, pad_id=0):
     """Fraction of real (non-padding) target tokens predicted correctly.
 
@@ -61,8 +65,8 @@ def masked_accuracy(y_true, y_pred, *, pad_id=0):
         A scalar float32 tensor: `correct_real_tokens / max(real_tokens, 1)`.
 
     Raises:
-        ValueError: if `pad_id` is not an int or the ranks of `y_true` and
-            `y_pred` do not match.
+        ValueError: if `pad_id` is not an int, or the ranks of `y_true` and
+            `y_pred` or their `(batch, T)` do not match.
         TypeError: if `y_true` is not integer ids.
 
     Example:
@@ -109,7 +113,8 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     Raises:
         ValueError: if `pad_id` is not an int, `dtype` is not float32 or
-            float64, or the ranks of `y_true` and `y_pred` do not match.
+            float64, or the ranks of `y_true` and `y_pred` or their
+            `(batch, T)` do not match.
         TypeError: if `y_true` is not integer ids.
 
     Example:

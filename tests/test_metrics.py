@@ -177,3 +177,32 @@ def test_invalid_pad_id_raises():
     # The message gives the labels' shape (it printed the literal "{tuple(y_true.shape)}").
     with pytest.raises(ValueError, match=r"y_true.shape=\(4,\), y_pred.shape=\(3, 4, 7\)"):
         MaskedAccuracy().update_state(np.zeros((4,), "int32"), np.zeros((3, 4, 7), "float32"))
+
+
+def test_labels_of_another_batch_or_length_are_refused_not_broadcast():
+    """(2, 1) labels against (2, 4, vocab) scores broadcast into an accuracy
+    of 3.0, and (1, T) labels against 3 rows into 1.0, without a word; (2, 4)
+    labels against (2, 6) scores failed inside jax and torch (a new-user
+    trial). The loss said it clearly; so does the metric now."""
+    scores = scores_for([[5, 5, 5, PAD]] * 2)
+    for labels, axis in ((np.array([[5], [5]]), 1), (np.array([[5, 6, 7, PAD]]), 0)):
+        with pytest.raises(ValueError, match=f"Labels and predictions differ in shape.*axis {axis}"):
+            masked_accuracy(labels, scores)
+        with pytest.raises(ValueError, match=f"Labels and predictions differ in shape.*axis {axis}"):
+            MaskedAccuracy().update_state(labels, scores)
+    with pytest.raises(ValueError, match=r"differ in shape: labels \(2, 3\) against predictions \(2, 4\)"):
+        masked_accuracy(np.ones((2, 3), "int32"), np.ones((2, 4), "int32"))  # predicted ids
+
+
+def test_the_function_metric_is_saved_and_loaded_with_a_model(tmp_path):
+    """`metrics=[masked_accuracy]` saved, then `load_model` failed: "Could
+    not locate function 'masked_accuracy'" (a new-user trial)."""
+    model = c22_model()
+    model.compile(optimizer="adam", loss=MaskedSparseCategoricalCrossentropy(), metrics=[masked_accuracy])
+    x = np.array([[5, 9, PAD, PAD]], dtype="int32")
+    y = np.array([[5, 6, PAD, PAD]], dtype="int32")
+    model.fit(x, y, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    logs = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    assert logs["masked_accuracy"] == pytest.approx(model.evaluate(x, y, verbose=0, return_dict=True)["masked_accuracy"])
