@@ -186,3 +186,26 @@ def test_train_records_and_uses_the_precision(tmp_path):
 
     assert [e["hardware"] for e in epochs] == [host_description()] * 2
     assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("policy, scaled", [("mixed_float16", True), ("mixed_bfloat16", False), ("float32", False)])
+def test_a_model_built_in_mixed_float16_gets_loss_scaling(policy, scaled, tmp_path):
+    """`build_transformer(dtype="mixed_float16")` (and so `train --precision
+    mixed_float16`) left the model's own policy at float32, and `compile`,
+    which reads it, never wrapped the optimizer in a `LossScaleOptimizer`:
+    float16 gradients went unscaled (a new-user trial). The model's policy is
+    the layers' now, through a `.keras` round trip too."""
+    from keras_transformer import MaskedSparseCategoricalCrossentropy
+
+    model = _tiny(policy)
+    assert model.dtype_policy.name == policy
+    model.compile(keras.optimizers.Adam(1e-3), MaskedSparseCategoricalCrossentropy())
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == scaled
+    src = np.array([[5, 6, 7, 3], [9, 3, 0, 0]], "int32")
+    tgt = np.array([[2, 11, 12, 13], [2, 14, 0, 0]], "int32")
+    history = model.fit({"encoder_inputs": src, "decoder_inputs": tgt}, np.roll(tgt, -1, axis=1), verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert loaded.dtype_policy.name == policy
+    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer) == scaled

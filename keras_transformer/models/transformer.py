@@ -276,6 +276,12 @@ class Transformer(CheckedXLASteps, keras.Model):
         # so that a `.keras` file reloads with it whatever the global
         # policy is then, as Keras's own layers do.
         self._layer_dtype = keras.config.dtype_policy().name if dtype is None else dtype
+        if dtype is not None:
+            # The model's own policy too (a functional model's is the global
+            # one): `compile` wraps the optimizer in a `LossScaleOptimizer`
+            # when it is mixed_float16; with float32 here, float16 gradients
+            # went unscaled.
+            self.dtype_policy = keras.dtype_policies.get(dtype)
 
     def get_config(self):
         activation = self.activation
