@@ -565,6 +565,40 @@ def test_fast_path_refuses_metrics_that_need_logits(metric):
     assert np.isfinite(model.fit(x, labels, epochs=1, verbose=0).history["loss"][0])
 
 
+def test_fast_path_refuses_another_loss_quantity_and_follows_a_recompile():
+    """The fast step computes the unweighted mean over real tokens: a loss
+    with `reduction="sum"` trained on the mean while `fit` logged 3.55 and
+    the plain step 564.8, and `loss_weights=2.0` went unscaled (a new-user
+    trial); both are refused, at `attach` and, compiled again after it, at
+    the step. A recompile with another label smoothing is followed (the
+    step kept the smoothing of `attach`'s time)."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the training fast path is TensorFlow's")
+    from keras_transformer import fast_path
+
+    x = inputs([[5, 6, 7, END, PAD], [8, END, PAD, PAD, PAD]], [[START, 8, 9, PAD], [START, 13, PAD, PAD]])
+    labels = np.array([[8, 9, END, PAD], [13, END, PAD, PAD]], "int32")
+    for compiled, says in (
+        (dict(loss=MaskedSparseCategoricalCrossentropy(reduction="sum")), "reduction='sum'"),
+        (dict(loss=MaskedSparseCategoricalCrossentropy(), loss_weights=2.0), "loss_weights=2.0"),
+    ):
+        model = small_model()
+        model.compile(keras.optimizers.SGD(0.0), **compiled)
+        with pytest.raises(ValueError, match=says):
+            fast_path.attach(model)
+        model.compile(keras.optimizers.SGD(0.0), MaskedSparseCategoricalCrossentropy())
+        fast_path.attach(model)
+        model.compile(keras.optimizers.SGD(0.0), **compiled)
+        with pytest.raises(ValueError, match=says):
+            model.fit(x, labels, epochs=1, verbose=0)
+    model = small_model()
+    model.compile(keras.optimizers.SGD(0.0), MaskedSparseCategoricalCrossentropy(label_smoothing=0.0))
+    fast_path.attach(model)
+    model.compile(keras.optimizers.SGD(0.0), MaskedSparseCategoricalCrossentropy(label_smoothing=0.3))
+    fitted = model.fit(x, labels, batch_size=2, epochs=1, verbose=0).history["loss"][0]
+    assert fitted == pytest.approx(model.evaluate(x, labels, batch_size=2, verbose=0), abs=1e-5)
+
+
 @pytest.mark.parametrize("settings", [
     dict(),
     dict(tie_embeddings="all", norm_first=True, num_decoder_layers=1),

@@ -136,6 +136,20 @@ def _loss_settings(model, pad_id, label_smoothing):
             "The training fast path computes MaskedSparseCategoricalCrossentropy from logits; "
             f"this model is compiled with {loss!r}. Compile it with "
             "MaskedSparseCategoricalCrossentropy(label_smoothing=...), or train without the fast path.")
+    # The fast step computes the mean over real tokens, unweighted: another
+    # reduction or `compile(loss_weights=...)` trained on another quantity
+    # than `fit` and `evaluate` would then report.
+    if loss.reduction not in ("sum_over_batch_size", "mean"):
+        raise ValueError(
+            f"The training fast path computes the loss's mean over real tokens; this model's loss has "
+            f"reduction={loss.reduction!r}. Compile it with the default reduction, or train without "
+            "the fast path.")
+    weights = getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
+    if weights is not None and keras.tree.flatten(weights) != [1.0]:
+        raise ValueError(
+            f"The training fast path computes the unweighted loss; this model is compiled with "
+            f"loss_weights={weights!r}. Compile it without loss_weights (scale the learning rate "
+            "instead), or train without the fast path.")
     if pad_id is None:
         pad_id = loss.pad_id
     if label_smoothing is None:
@@ -207,7 +221,8 @@ def attach(model, pad_id=None, label_smoothing=None):
     from keras.src.trainers.data_adapters import data_adapter_utils
 
     forward = TrainingForward(model)
-    pad_id, label_smoothing = _loss_settings(model, pad_id, label_smoothing)
+    given = (pad_id, label_smoothing)
+    _loss_settings(model, *given)
     _check_metrics(model)
     keras_step = type(model).train_step
 
@@ -215,7 +230,10 @@ def attach(model, pad_id=None, label_smoothing=None):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         if sample_weight is not None or not isinstance(x, dict):
             return keras_step(model, data)
-        _check_metrics(model)  # at trace time: the model may have been compiled again
+        # At trace time: the model may have been compiled again since
+        # `attach` (another label smoothing, loss weights or metrics).
+        _check_metrics(model)
+        pad_id, label_smoothing = _loss_settings(model, *given)
         with tf.GradientTape() as tape:
             loss, predicted = loss_and_predictions(forward, x, y, pad_id, label_smoothing)
             if model.losses:
