@@ -107,7 +107,10 @@ def per_token_loss(
         A tuple `(losses, mask)`: `losses` is float32 `(batch, T)` with 0 at
         padding, and `mask` is bool `(batch, T)`, True at real tokens.
     """
-    check_integer_ids(y_true, "The labels (`y_true`)", fix="Give int32 target ids")
+    check_integer_ids(y_true, "The labels (`y_true`)",
+                      fix="Give int32 target ids (for `model.compile`, pass the loss class, "
+                          "`MaskedSparseCategoricalCrossentropy()`: Keras casts the labels of a loss "
+                          "function to the predictions' float dtype)")
     y_pred = ops.cast(ops.convert_to_tensor(y_pred), "float32")
     y_true = _align_ranks(ops.convert_to_tensor(y_true), y_pred)
     y_true = ops.cast(y_true, "int32")

@@ -768,6 +768,10 @@ def test_predict_refuses_inputs_of_different_row_counts():
     np.testing.assert_allclose(model.predict(x, verbose=0), to_numpy(model(x)), atol=1e-5)
     with pytest.raises(ValueError, match=r"one row per sentence each; got \{'encoder_inputs': 2, 'decoder_inputs': 1\}"):
         model.predict({"encoder_inputs": x["encoder_inputs"], "decoder_inputs": x["decoder_inputs"][:1]}, verbose=0)
+    # No row: Keras's predict failed with "UnboundLocalError: ... 'batch_outputs'" (a new-user trial).
+    empty = model.predict({"encoder_inputs": np.zeros((0, 3), "int32"), "decoder_inputs": np.zeros((0, 4), "int32")},
+                          verbose=0)
+    assert empty.shape == (0, 4, model.tgt_vocab_size) and empty.dtype == np.float32
 
 
 def test_ids_that_are_not_integers_are_refused_by_the_model_and_its_loss_and_metric():

@@ -328,11 +328,16 @@ class Transformer(CheckedXLASteps, keras.Model):
     def predict(self, x, *args, **kwargs):
         """`keras.Model.predict`; inputs of different numbers of rows are a
         clear ValueError (Keras's own check fails on them without labels,
-        with "'str' object has no attribute 'shape'")."""
+        with "'str' object has no attribute 'shape'"), and inputs of no row
+        give float32 logits `(0, T, tgt_vocab_size)` (Keras's `predict`
+        fails on them with an `UnboundLocalError`)."""
         if isinstance(x, dict):
             rows = {name: value.shape[0] for name, value in x.items() if len(getattr(value, "shape", ())) > 0}
             if len(set(rows.values())) > 1:
                 raise ValueError(f"predict's inputs must have one row per sentence each; got {rows} rows.")
+            decoder_inputs = x.get(DECODER_INPUTS)
+            if set(rows.values()) == {0} and len(getattr(decoder_inputs, "shape", ())) == 2:
+                return np.zeros((0, decoder_inputs.shape[1], self.tgt_vocab_size), "float32")
         return super().predict(x, *args, **kwargs)
 
     @classmethod
