@@ -69,7 +69,8 @@ def read_lines(path):
         with opener(path, "rt", encoding="utf-8", newline="\n") as f:
             return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
     except (gzip.BadGzipFile, EOFError) as error:
-        raise ValueError(f"{os.fspath(path)} is not a complete gzip file ({error}); "
+        named = "ends with .gz" if os.fspath(path).lower().endswith(".gz") else "starts as gzip data"
+        raise ValueError(f"{os.fspath(path)} {named} but is not a complete gzip file ({error}); "
                          "decompress it right, or name a plain text file without .gz.") from None
 
 

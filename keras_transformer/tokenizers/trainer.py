@@ -81,9 +81,11 @@ def _collect_sentences(data):
         # A list of paths with one wrong would otherwise train on the paths'
         # own text as two or three "sentences".
         missing = [item for item in data if not _is_path(item)]
+        shown = repr(missing[0])
+        shown = shown if len(shown) <= 200 else shown[:200] + "..."
         raise ValueError(
             f"`data` mixes paths of existing files with {len(missing)} item(s) that are not "
-            f"files, such as {os.fspath(missing[0])!r:.80}: fix the path(s) (a directory is not "
+            f"files, such as {shown}: fix the path(s) (a directory is not "
             "a file), or pass only sentences."
         )
     for item in data:
