@@ -356,8 +356,8 @@ def _write_run_config(out, config, model_config, src_tok=None, tgt_tok=None):
 
 
 def _aligned(src, tgt, what):
-    """The lines of two files that must be aligned, with at least one pair
-    whose sides are both non-blank (`what` names them in the errors)."""
+    """The lines of two files that must be aligned line by line (`what`
+    names them in the error)."""
     src_lines, tgt_lines = read_lines(src), read_lines(tgt)
     if len(src_lines) != len(tgt_lines):
         raise ValueError(
@@ -374,8 +374,9 @@ def _blank_pairs(src_lines, tgt_lines):
 
 def _read_training_files(config):
     """Every file a run reads, read and checked before anything is written:
-    `(src_lines, tgt_lines, val_lines)` with `extra_train`'s pairs after the
-    training pairs and `val_lines` `(src, tgt)` or None.
+    `(src_lines, tgt_lines, extra, val_lines)`: the training lines (cut to
+    `max_train_pairs`), `extra_train`'s `(src, tgt)` lines in a list, and
+    the validation `(src, tgt)` lines or None.
 
     Raises:
         ValueError: naming the files, for a pair of files that are not
@@ -405,8 +406,8 @@ def _read_training_files(config):
 
 
 def _read_and_tokenize(out, config, files):
-    """The training lines (`_read_training_files`; `extra_train`'s pairs
-    after them) and the run's tokenizers (trained on `train_src` /
+    """The training lines of `files` (`_read_training_files`), with
+    `extra_train`'s pairs after them, and the run's tokenizers (trained on `train_src` /
     `train_tgt`, or loaded when the folder has them)."""
     src_lines, tgt_lines, extra, _ = files
     src_tok, tgt_tok = _tokenizers(out, config, src_lines, tgt_lines)
