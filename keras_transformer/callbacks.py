@@ -283,11 +283,12 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     (weights, optimizer, the epoch) as its `save_freq` saves do and raises
     `TrainingStopped`; `fit` with this callback on the same folder then
     resumes that epoch from its first batch with the saved weights (the
-    Keras resume of a mid-epoch save). A signal during an epoch's validation
-    or end-of-epoch callbacks stops before the next epoch starts, with that
-    epoch's end saved (with a `save_freq` in batches too, so that the
-    resumed run starts at the next epoch); one during the last epoch lets
-    `fit` finish. A second
+    Keras resume of a mid-epoch save). Every epoch's end is saved, with a
+    `save_freq` in batches too (Keras's callback saves only every
+    `save_freq` batches then), so that a run stopped or finished after an
+    epoch resumes (or is extended) at the next one. A signal during an
+    epoch's validation or end-of-epoch callbacks stops before the next
+    epoch starts; one during the last epoch lets `fit` finish. A second
     signal before the stop gets the handler that was there before (by
     default: the process ends at once).
 
@@ -356,11 +357,7 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
         # next resume would start the run over.
         self._current_epoch = epoch
         if self.stop_signal is not None:  # a signal after the last step of the previous epoch
-            if self.save_freq != "epoch":
-                # No save at the epoch's end: the last one was made inside
-                # it, and resuming from it would train that epoch again.
-                self._save_model()
-            self._stop()
+            self._stop()  # its end is saved (`on_epoch_end`)
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = batch + 1
@@ -372,6 +369,12 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     def on_epoch_end(self, epoch, logs=None):
         self._steps = None
         super().on_epoch_end(epoch, logs)
+        if self.save_freq != "epoch":
+            # Keras saves a `save_freq` in batches only inside epochs: the
+            # state on disk after the last epoch was a mid-epoch one, and a
+            # run extended from it (or stopped in the next epoch's first
+            # batches) trained that epoch again from it.
+            self._save_model()
 
     def on_train_end(self, logs=None):
         self.release()

@@ -83,10 +83,10 @@ def test_sigterm_inside_an_epoch_saves_after_the_next_step_and_resumes_that_epoc
 @pytest.mark.parametrize("save_freq", ["epoch", 4])
 def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_to_the_old_handler(
         tmp_path, save_freq):
-    """With a `save_freq` in batches (`train --checkpoint-every`) there is
-    no save at the epoch's end: the stop saved nothing, the state on disk
-    was the one after step 8 of epoch 1, and the resumed run trained epoch
-    1 again from it (a new-user trial)."""
+    """With a `save_freq` in batches (`train --checkpoint-every`) Keras
+    saves no epoch's end: the stop saved nothing, the state on disk was the
+    one after step 8 of epoch 1, and the resumed run trained epoch 1 again
+    from it (a new-user trial)."""
     x, y = _data()
     model = _model()
     backup = PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False)
@@ -106,6 +106,19 @@ def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_t
                                          for a, b in zip(again.get_weights(), trained)],
             on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
     assert seen == [1, 2] and int(again.optimizer.iterations.numpy()) == 30
+    # A run that finished holds its last epoch's end, not the save after
+    # step 8 of it: extended, it trained that epoch again from there (a
+    # new-user trial: `train --checkpoint-every`, then `--epochs` one more).
+    assert json.load(open(tmp_path / "training_metadata.json")) == {"epoch": 3, "batch": 0}
+    finished = again.get_weights()
+    extended, seen = _model(), []
+    extended.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=[
+        PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False),
+        keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: [np.testing.assert_array_equal(a, b)
+                                         for a, b in zip(extended.get_weights(), finished)],
+            on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
+    assert seen == [3] and int(extended.optimizer.iterations.numpy()) == 40
 
     received = []
 
