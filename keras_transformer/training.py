@@ -14,6 +14,7 @@ A run lives in one folder:
   learning rate is in the TensorBoard logs.
 """
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -502,7 +503,8 @@ def train(config, verbose=1):
             label smoothing that the model, `make_dataset`, the schedule or
             the loss would refuse, misaligned or empty files,
             or a run folder whose tokenizers or weights do not fit the
-            settings (checked before anything is written).
+            settings (checked before anything is written), or that another
+            process is training (it holds the folder's lock).
         FileNotFoundError: if a training or validation file is missing.
         keras_transformer.callbacks.TrainingStopped: the process got SIGTERM;
             the training state after the last finished step is saved, and
@@ -537,6 +539,46 @@ def train(config, verbose=1):
         )
     created = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
+    # The hosts of a multi-worker run may share one folder.
+    with _run_folder_lock(out, enabled=config.distribution != "multi_worker"):
+        return _train_in_folder(config, model_config, files, out, created, verbose)
+
+
+@contextlib.contextmanager
+def _run_folder_lock(out, enabled=True):
+    """Holds an exclusive lock on the run folder `out` (`flock` on the
+    folder itself, released when training ends or the process dies): a
+    second `train` on the same folder would interleave its epochs, logs and
+    checkpoints with the first's. Not on systems without `fcntl`, nor when
+    not `enabled`.
+
+    Raises:
+        ValueError: if another process holds it.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is None or not enabled:
+        yield
+        return
+    descriptor = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(
+                f"{out} is being trained by another process (it holds the run folder's lock): wait "
+                "for it to end, or train into another --output-dir."
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _train_in_folder(config, model_config, files, out, created, verbose):
+    """`train`'s work once its files are read and its run folder `out` is
+    made (`created` by this call) and locked."""
     try:
         changed = _check_resumable(out, config, model_config)
         # Written before the tokenizers are trained, so that a run cut short
@@ -564,7 +606,7 @@ def train(config, verbose=1):
               + f"; vocabularies: source {src_tok.vocab_size} pieces (asked {config.src_vocab_size}), "
               f"target {tgt_tok.vocab_size} (asked {config.tgt_vocab_size})"
               + (", one shared vocabulary" if config.shared_vocab else ""))
-        for extra_src, extra_tgt in extra_train:
+        for extra_src, extra_tgt in check_extra_train(config.extra_train):
             print(f"Extra training pairs: {extra_src} / {extra_tgt}")
         if changed:
             print(f"Settings changed since the run's config.json: {'; '.join(changed)}")

@@ -1299,6 +1299,26 @@ def test_a_train_that_fails_on_its_data_leaves_no_run_folder(tmp_path, capsys, p
     assert not run.exists()
 
 
+def test_a_second_train_on_a_folder_in_training_is_refused(tmp_path, capsys):
+    """Two `train`s on one folder interleaved their epochs in log.csv and
+    epochs.jsonl, one died on an HDF5 lock error, the other said "Trained 8
+    epochs" of 5 (a new-user trial). The first holds the folder's lock."""
+    fcntl = pytest.importorskip("fcntl")
+    data = tmp_path / "data"
+    write_synthetic_corpus(str(data), n_train=40, n_val=10, seed=3)
+    run = tmp_path / "run"
+    run.mkdir()
+    descriptor = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's train
+        err = _train_error(["--train-src", str(data / "train.en"), "--train-tgt", str(data / "train.de"),
+                            "--output-dir", str(run), "--preset", "tiny"], capsys)
+    finally:
+        os.close(descriptor)
+    assert f"{run} is being trained by another process (it holds the run folder's lock)" in err, err
+    assert run.is_dir() and not os.listdir(run)
+
+
 def test_resuming_with_changed_settings_says_which(tmp_path, capsys):
     data = tmp_path / "data"
     write_synthetic_corpus(str(data), n_train=60, n_val=10, seed=5)
