@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from keras_transformer.checkpoints import epoch_log
+from keras_transformer.config import read_json_file
 
 
 class ValidationBLEU(keras.callbacks.Callback):
@@ -330,8 +331,7 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
         self.fell_back = False
         super().on_train_begin(logs)
         if self.on_restore is not None and os.path.exists(self._training_metadata_path):
-            with open(self._training_metadata_path) as f:
-                self.on_restore(int(json.load(f)["epoch"]), self.fell_back)
+            self.on_restore(int(read_json_file(self._training_metadata_path)["epoch"]), self.fell_back)
         self.stop_signal = None
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
@@ -383,6 +383,10 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     def _load_model(self):
         try:
             super()._load_model()
+        except ValueError as error:  # training_metadata.json cut off or emptied: as a cut-off save
+            self.fell_back = True
+            raise OSError(f"{self._training_metadata_path} is damaged: it is not valid JSON ({error}); "
+                          "no earlier training state to go on from was found either.") from None
         except OSError:  # Keras then restores the state saved before it, if any
             self.fell_back = True
             raise

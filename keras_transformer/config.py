@@ -6,6 +6,7 @@ show its defaults in `--help` without starting a backend.
 """
 
 import dataclasses
+import json
 import os
 
 
@@ -401,6 +402,24 @@ def check_user_defined_symbols(symbols):
         raise ValueError(f"`user_defined_symbols` names the special piece(s) {special}, which every "
                          "vocabulary has already; choose another piece, e.g. '<BT>'.")
     return list(symbols) or None
+
+
+def read_json_file(path):
+    """The JSON value stored in `path` (a run's `config.json`, say).
+
+    Raises:
+        ValueError: naming the file, when it is not valid JSON (a save cut
+            off, an edit that broke it); JSON's own message named no file.
+        OSError: if it cannot be read.
+    """
+    with open(path) as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"{path} is damaged: it is not valid JSON ({error}). Restore it from a copy; "
+                         "a run's config.json is written again by `train` with the run's flags and "
+                         "training files.") from None
 
 
 def check_files(*paths):

@@ -44,6 +44,7 @@ from keras_transformer.config import check_config_values  # noqa: F401
 from keras_transformer.config import read_config_file  # noqa: F401
 from keras_transformer.config import check_extra_train
 from keras_transformer.config import check_run_folder
+from keras_transformer.config import read_json_file
 from keras_transformer.data.pipeline import check_batching
 from keras_transformer.data.pipeline import make_dataset
 from keras_transformer.data.text_files import check_files
@@ -112,9 +113,7 @@ def load_run(output_dir, which="best"):
         ValueError: if the model file exists but cannot be loaded.
     """
     check_run_folder(output_dir)
-    config_path = os.path.join(output_dir, "config.json")
-    with open(config_path) as f:
-        config = json.load(f)
+    config = read_json_file(os.path.join(output_dir, "config.json"))
     model_settings = config.get("model", {})
     if "max_length" in model_settings:  # recorded by an earlier version
         model_settings.setdefault("sequence_length", model_settings.pop("max_length"))
@@ -314,8 +313,7 @@ def _check_resumable(out, config, model_config):
         return []
     if not any(os.path.exists(os.path.join(out, name)) for name in _TRAINED_FILES):
         return []
-    with open(path) as f:
-        saved = json.load(f)
+    saved = read_json_file(path)
     changes = []
     for key in _FIXED_TRAINING:
         before, now = saved.get("training", {}).get(key, _FIXED_DEFAULTS.get(key)), getattr(config, key)

@@ -284,6 +284,16 @@ def test_an_unreadable_latest_state_is_reported_and_the_log_keeps_one_row_an_epo
     assert out[1] == f"Resuming {tmp_path} after epoch 2 (its checkpoints/ folder)"
     rows = (tmp_path / "log.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,") and [row.split(",")[0] for row in rows[1:]] == ["0", "1"]
+    # training_metadata.json cut off is a cut-off save too: the state before
+    # it is restored; with none, the error names the file (it was JSON's
+    # "Expecting value: line 1 column 1 (char 0)", a new-user trial).
+    (backup_dir / "training_metadata.json").write_text("")
+    _model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup()])
+    assert restored[-1][1] is True
+    for name in ("training_metadata.json", "training_metadata.json.bkp"):
+        (backup_dir / name).write_text("{")
+    with pytest.raises(OSError, match="training_metadata.json is damaged: it is not valid JSON"):
+        _model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[backup()])
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Translator needs tensorflow")

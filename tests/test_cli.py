@@ -164,6 +164,13 @@ def test_missing_run_folder_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["translate", "--run", str(tmp_path / "demo"), "A dog."])
     assert f"It holds the run folder(s) {tmp_path / 'demo' / 'run'}" in capsys.readouterr().err
+    # A damaged config.json: JSON's own message named no file (a new-user trial).
+    (tmp_path / "demo" / "run" / "config.json").write_text("{not json")
+    for command in (["translate", "--run", str(tmp_path / "demo" / "run"), "A dog."],
+                    ["average", "--run", str(tmp_path / "demo" / "run"), "--last", "2"]):
+        with pytest.raises(SystemExit):
+            main(command)
+        assert f"{tmp_path / 'demo' / 'run' / 'config.json'} is damaged: it is not valid JSON" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command, preset, want", [
