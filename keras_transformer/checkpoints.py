@@ -149,13 +149,18 @@ def average_checkpoints(model, paths):
 
     Raises:
         TypeError: for one path instead of a list of them.
+        ValueError: naming a file that cannot be read.
     """
     if isinstance(paths, (str, bytes, os.PathLike)):  # its characters were read as paths
         raise TypeError(f"average_checkpoints takes a list of weight files; got one path, {paths!r}: "
                         "wrap it as [path].")
     weight_lists = []
     for path in paths:
-        model.load_weights(path)
+        try:
+            model.load_weights(path)
+        except OSError as error:  # h5py's message names no file ("truncated file: eof = ...")
+            raise ValueError(f"{path} cannot be read (truncated or corrupt?): {error}. Leave it out "
+                             "(`average --last`/`--best` with fewer), or delete it.") from error
         weight_lists.append(model.get_weights())
     model.set_weights(average_weights(weight_lists))
     return model

@@ -128,10 +128,15 @@ def load_run(output_dir, which="best"):
                 # A run saved by an earlier version holds a plain functional model.
                 model = as_transformer(keras.saving.load_model(path, compile=False))
             except (ValueError, OSError) as error:
-                # Keras reports a truncated zip as "File not found".
+                # Keras reports a truncated zip as "File not found: filepath=...".
+                said = str(error)
+                if said.startswith("File not found"):
+                    said = "not a complete .keras (zip) file"
+                others = [other for other in ("best", "last", "averaged") if other != which]
                 raise ValueError(
-                    f"{path} exists but cannot be read as a Keras model (truncated or "
-                    f"corrupt?): {error}. Use --checkpoint last, or train again."
+                    f"{path} exists but cannot be read as a Keras model (truncated or corrupt?): "
+                    f"{said}. Use another checkpoint (--checkpoint {' or '.join(others)}), "
+                    "`keras-transformer average` to make averaged.keras again, or train again."
                 ) from error
             break
     else:

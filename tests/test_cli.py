@@ -418,8 +418,15 @@ def test_truncated_model_file_is_reported_as_corrupt_not_missing(tmp_path):
     run.mkdir()
     (run / "config.json").write_text("{}")
     (run / "best.keras").write_bytes(b"PK\x03\x04" + b"\0" * 100)
-    with pytest.raises(ValueError, match="exists but cannot be read"):
+    with pytest.raises(ValueError, match="exists but cannot be read") as info:
         load_run(str(run))
+    # It said "File not found" of a file that is there, and to use --checkpoint
+    # last when last was the one asked for (a new-user trial).
+    assert "File not found" not in str(info.value) and "not a complete .keras (zip) file" in str(info.value)
+    assert "--checkpoint last or averaged" in str(info.value)
+    (run / "model.keras").write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    with pytest.raises(ValueError, match="--checkpoint best or averaged"):
+        load_run(str(run), "last")
 
 
 def _train_error(args, capsys):

@@ -235,3 +235,21 @@ def test_train_with_tying_shared_vocab_bleu_early_stopping_and_averaging(tmp_pat
     out = capsys.readouterr().out
     assert "Time budget:" in out and "nothing more to train" in out
     assert len(open(os.path.join(run, "epochs.jsonl")).readlines()) == 5
+
+
+def test_averaging_names_a_weights_file_that_cannot_be_read(tmp_path):
+    """A truncated epoch file gave h5py's "Unable to synchronously open file
+    (truncated file: eof = 5000, ...)", which names no file (a new-user
+    trial)."""
+    from keras_transformer.checkpoints import average_checkpoints
+
+    model = build_transformer(40, 40, **SIZES)
+    good, cut = tmp_path / "epoch-001.weights.h5", tmp_path / "epoch-002.weights.h5"
+    model.save_weights(good)
+    cut.write_bytes(good.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=f"{cut} cannot be read \\(truncated or corrupt\\?\\)"):
+        average_checkpoints(model, [str(good), str(cut)])
+    before = model.get_weights()
+    averaged = average_checkpoints(model, [str(good), str(good)]).get_weights()
+    for a, b in zip(averaged, before):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
