@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -67,7 +68,8 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
 
     Args:
         run_dir: a run folder written by `train`.
-        last: int, the latest N epochs; or
+        last: int, the latest N epoch checkpoints kept (a `UserWarning`
+            when epochs between them were not kept); or
         best: int, the N epochs with the lowest `monitor` (highest for a
             BLEU).
         monitor: str, a key of `epochs.jsonl` (`"val_loss"`, `"loss"`,
@@ -87,6 +89,14 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
     if last is not None:
         chosen = list(available)[-int(last):]
         wanted, what = int(last), "latest"
+        missing = sorted(set(range(chosen[0], chosen[-1] + 1)) - set(chosen)) if chosen else []
+        if len(chosen) == wanted and missing:
+            warnings.warn(
+                f"The {wanted} latest epoch checkpoints kept in {run_dir} are epochs {chosen}: the "
+                f"checkpoints of epoch(s) {missing} were not kept (--keep-checkpoints keeps the latest "
+                "and the best), so these are not the last consecutive epochs.",
+                stacklevel=2,
+            )
     else:
         log = epoch_log(run_dir)
         scored = _ranked(log, available, monitor)

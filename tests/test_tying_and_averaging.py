@@ -167,6 +167,16 @@ def test_select_checkpoints_last_and_best(tmp_path):
     # "0 epoch checkpoints ... train with a larger --keep-checkpoints".
     with pytest.raises(ValueError, match=r"has a `val_bleu`.*--bleu-every\); it logged \['val_loss'\]"):
         select_checkpoints(run, best=2, monitor="val_bleu")
+    # Epoch 5 not kept: "the last 3" took epoch 3 in its place without a
+    # word (a new-user trial); it still does, and says so.
+    os.remove(os.path.join(run, "epochs", "epoch-005.weights.h5"))
+    with pytest.warns(UserWarning, match=r"are epochs \[3, 4, 6\]: the checkpoints of epoch\(s\) \[5\] were not kept"):
+        assert names(select_checkpoints(run, last=3)) == ["003", "004", "006"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert names(select_checkpoints(run, last=1)) == ["006"]
 
 
 def test_early_stopping_state_from_the_log(tmp_path):
