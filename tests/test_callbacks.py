@@ -80,6 +80,20 @@ def test_sigterm_inside_an_epoch_saves_after_the_next_step_and_resumes_that_epoc
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def _resume(backup_dir, save_freq, weights, epochs):
+    """A new model fit on `backup_dir`'s state: it must start from
+    `weights`; returns the model and the epochs it ran (0-based)."""
+    x, y = _data()
+    model, seen = _model(), []
+    model.fit(x, y, batch_size=4, epochs=epochs, verbose=0, callbacks=[
+        PreemptibleBackup(str(backup_dir), save_freq=save_freq, delete_checkpoint=False),
+        keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: [np.testing.assert_array_equal(a, b)
+                                         for a, b in zip(model.get_weights(), weights)],
+            on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
+    return model, seen
+
+
 @pytest.mark.parametrize("save_freq", ["epoch", 4])
 def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_to_the_old_handler(
         tmp_path, save_freq):
@@ -96,28 +110,13 @@ def test_sigterm_at_an_epoch_end_stops_before_the_next_epoch_and_a_second_goes_t
     assert "before epoch 2" in str(info.value)
     assert json.load(open(tmp_path / "training_metadata.json")) == {"epoch": 1, "batch": 0}
     assert int(model.optimizer.iterations.numpy()) == 10
-    trained = model.get_weights()
-    again = _model()
-    seen = []
-    again.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[
-        PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False),
-        keras.callbacks.LambdaCallback(
-            on_train_begin=lambda logs: [np.testing.assert_array_equal(a, b)
-                                         for a, b in zip(again.get_weights(), trained)],
-            on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
+    again, seen = _resume(tmp_path, save_freq, model.get_weights(), epochs=3)
     assert seen == [1, 2] and int(again.optimizer.iterations.numpy()) == 30
     # A run that finished holds its last epoch's end, not the save after
     # step 8 of it: extended, it trained that epoch again from there (a
     # new-user trial: `train --checkpoint-every`, then `--epochs` one more).
     assert json.load(open(tmp_path / "training_metadata.json")) == {"epoch": 3, "batch": 0}
-    finished = again.get_weights()
-    extended, seen = _model(), []
-    extended.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=[
-        PreemptibleBackup(str(tmp_path), save_freq=save_freq, delete_checkpoint=False),
-        keras.callbacks.LambdaCallback(
-            on_train_begin=lambda logs: [np.testing.assert_array_equal(a, b)
-                                         for a, b in zip(extended.get_weights(), finished)],
-            on_epoch_begin=lambda epoch, logs: seen.append(epoch))])
+    extended, seen = _resume(tmp_path, save_freq, again.get_weights(), epochs=4)
     assert seen == [3] and int(extended.optimizer.iterations.numpy()) == 40
 
     received = []
