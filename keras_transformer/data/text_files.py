@@ -13,25 +13,26 @@ _OTHER_COMPRESSIONS = ((b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x
                        (b"PK\x03\x04", "zip"))
 
 
-def _leading_bytes(path, count=6):
+def _is_gzip(path):
+    """True for a `.gz` name (any case) or gzip data under another name;
+    False for plain text.
+
+    Raises:
+        ValueError: for a file compressed otherwise (bzip2, xz, zstd, zip),
+            which would read as text that is not UTF-8.
+    """
     try:
         with open(path, "rb") as f:
-            return f.read(count)
+            head = f.read(6)
     except OSError:
-        return b""  # the open that follows reports it
-
-
-def _is_gzip(path):
-    """A `.gz` name (any case), or gzip data under another name."""
-    return os.fspath(path).lower().endswith(".gz") or _leading_bytes(path).startswith(_GZIP_MAGIC)
-
-
-def _check_not_other_compression(path):
-    head = _leading_bytes(path)
+        head = b""  # the open that follows reports it
+    if os.fspath(path).lower().endswith(".gz") or head.startswith(_GZIP_MAGIC):
+        return True
     for magic, name in _OTHER_COMPRESSIONS:
         if head.startswith(magic):
             raise ValueError(f"{os.fspath(path)} is {name}-compressed, which is not read: decompress it, "
                              "or compress it with gzip (plain text and gzip are read).")
+    return False
 
 
 def read_lines(path):
@@ -61,10 +62,7 @@ def read_lines(path):
     sentences = read_lines("multi30k/train.de.gz")
     ```
     """
-    gzipped = _is_gzip(path)
-    if not gzipped:
-        _check_not_other_compression(path)
-    opener = gzip.open if gzipped else open
+    opener = gzip.open if _is_gzip(path) else open
     try:
         with opener(path, "rt", encoding="utf-8", newline="\n") as f:
             return read_text_lines(f, path, "a UTF-8 text file, one sentence per line (plain or .gz)")
@@ -153,10 +151,7 @@ def text_line_dataset(path):
     """
     import tensorflow as tf
 
-    gzipped = _is_gzip(path)
-    if not gzipped:
-        _check_not_other_compression(path)
-    lines = tf.data.TextLineDataset(os.fspath(path), compression_type="GZIP" if gzipped else "")
+    lines = tf.data.TextLineDataset(os.fspath(path), compression_type="GZIP" if _is_gzip(path) else "")
     # A byte-order mark starts a file only: the first line's is dropped.
     first = lines.take(1).map(lambda line: tf.strings.regex_replace(line, "^\ufeff", ""))
     return first.concatenate(lines.skip(1))
