@@ -136,7 +136,7 @@ def _signature(spec):
             with self.weights.scope():
                 return method(self, argument)
 
-        return tf.function(scoped, input_signature=[spec])
+        return tf.function(scoped, input_signature=[spec], autograph=False)
 
     return decorate
 

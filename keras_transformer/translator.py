@@ -238,16 +238,22 @@ class Translator(tf.Module):
         self.parallel_searches = parallel_searches
         self.allow_unk = bool(allow_unk)
         self.transposed_output_table = bool(transposed_output_table)
+        # The decoding code is graph code already (`keras.ops.while_loop`,
+        # `tf.cond`): AutoGraph's rewriting of its Python source was three
+        # quarters of the time to trace a search (and of an export), and
+        # Keras traces its own steps without it too.
         self._search = tf.function(
             lambda source_ids, n_best: self._search_ids(self._parts, source_ids, n_best),
             jit_compile=self.jit_compile,
+            autograph=False,
         )
         self._graph_search = None
         if xla_max_batch_size is not None:
             # Large batches: the plain graph, with the growing caches XLA cannot take.
             graph_parts = parts_for(False)
             self._graph_search = tf.function(
-                lambda source_ids, n_best: self._search_ids(graph_parts, source_ids, n_best)
+                lambda source_ids, n_best: self._search_ids(graph_parts, source_ids, n_best),
+                autograph=False,
             )
         self._signatures = None
 

@@ -193,7 +193,7 @@ class CheckedXLASteps:
             return
 
         self._xla_steps[name] = tf.function(getattr(super(), name), jit_compile=True,
-                                            reduce_retracing=True)
+                                            reduce_retracing=True, autograph=False)
         self.jit_compile = False
         try:
             yield
