@@ -648,6 +648,10 @@ def _export_ctranslate2(args):
     if args.run:
         check_run_folder(args.run)  # before TensorFlow starts
     else:
+        if args.checkpoint is not None:
+            raise ValueError("--checkpoint applies to --run only: a SavedModel holds one set of weights. "
+                             "Drop it, or convert the run folder: --run RUN --checkpoint "
+                             f"{args.checkpoint}.")
         check_saved_model_folder(args.saved_model)
     _import_backend_quietly()
     from keras_transformer.ctranslate2_export import export_ctranslate2
@@ -717,6 +721,10 @@ def cmd_demo(args):
 def cmd_average(args):
     from keras_transformer.config import check_run_folder
 
+    if os.path.exists(os.path.join(args.run, "saved_model.pb")):
+        raise ValueError(f"{args.run} is an exported SavedModel, which holds one set of weights; average "
+                         "reads the epoch checkpoints of a training run: pass the run folder it was "
+                         "exported from (--run RUN).")
     check_run_folder(args.run)  # first, and before TensorFlow starts
     output = args.output or os.path.join(args.run, "averaged.keras")
     if not output.endswith(".keras") or not os.path.isdir(os.path.dirname(os.path.abspath(output))):
@@ -943,8 +951,10 @@ def main(argv=None):
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--last", type=_positive_int, help="the latest N epoch checkpoints")
     which.add_argument("--best", type=_positive_int, help="the N best epoch checkpoints by --monitor")
-    p.add_argument("--monitor", default="val_loss", choices=["val_loss", "loss", "val_bleu"],
-                   help="what ranks checkpoints for --best (default: %(default)s)")
+    p.add_argument("--monitor", default="val_loss",
+                   choices=["val_loss", "loss", "val_bleu", "val_masked_accuracy", "masked_accuracy"],
+                   help="what ranks checkpoints for --best: lowest loss, highest BLEU or accuracy "
+                        "(default: %(default)s)")
     p.add_argument("--output", help="the .keras file to write (default: RUN/averaged.keras, the "
                                     "file that --checkpoint averaged reads)")
     p.set_defaults(func=cmd_average)

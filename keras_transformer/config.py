@@ -14,6 +14,10 @@ import os
 class TrainingConfig:
     """What a training run needs; every field has a default but the data.
 
+    The conditions below between fields (such as `"all"` needing
+    `shared_vocab`) are checked by `train` before it writes or trains
+    anything, with a `ValueError` that names the field.
+
     Attributes:
         train_src, train_tgt: aligned training files (plain or `.gz`).
         extra_train: more aligned training pairs, a list of `[src, tgt]`
@@ -104,8 +108,10 @@ class TrainingConfig:
         keep_checkpoints: epoch checkpoints kept in `epochs/` (the latest N
             and the N best by `checkpoint_metric`), for averaging.
         average_last: after training, average the last N epoch checkpoints
-            into `averaged.keras` (None: no averaging); see
-            `keras_transformer.checkpoints`.
+            into `averaged.keras` (None: no averaging); at most `epochs`
+            and `keep_checkpoints`; a run that early stopping or the time
+            budget ends sooner averages the checkpoints it has, with a
+            warning. See `keras_transformer.checkpoints`.
         early_stopping_patience: stop after this many epochs without a
             lower validation loss (None: run every epoch); resumable.
         time_budget: seconds of training (the epochs' seconds in
@@ -295,6 +301,24 @@ def _reads_as_number(text):
     return True
 
 
+def _refuse_ctranslate2_folder(path):
+    """Raise `FileNotFoundError` when `path` is a CTranslate2 model written
+    by `export --format ctranslate2` (its `config.json` is CTranslate2's,
+    not a run's)."""
+    try:
+        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as f:
+            fmt = json.load(f).get("format")
+    except (OSError, ValueError, AttributeError):
+        return
+    if fmt == "keras_transformer.ctranslate2":
+        raise FileNotFoundError(
+            f"{path} is a CTranslate2 model (export --format ctranslate2), neither a training run "
+            "folder nor a SavedModel; translate with it through CTranslate2: "
+            f"keras_transformer.ctranslate2_export.CTranslate2Translator({path!r}), or pass the run "
+            "folder or SavedModel it was converted from."
+        )
+
+
 def check_run_folder(path):
     """Raise unless `path` is a run folder written by `train` (it holds
     `config.json`); TensorFlow-free, so the command line says it at once.
@@ -304,6 +328,7 @@ def check_run_folder(path):
             demo writes its run to `runs/demo/run`), or saying to pass a
             SavedModel folder as `--saved-model`.
     """
+    _refuse_ctranslate2_folder(path)
     if os.path.exists(os.path.join(path, "config.json")):
         return
     if not os.path.exists(path):
@@ -338,6 +363,7 @@ def check_saved_model_folder(path):
     """
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         return
+    _refuse_ctranslate2_folder(path)
     if os.path.exists(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"{path} is a training run folder, not an exported SavedModel; pass it as "

@@ -12,7 +12,10 @@ defaults:
 
 - the position table of section 3.5 is passed explicitly (CTranslate2's
   built-in table concatenates sines and cosines and starts at position 1;
-  ours interleaves them from position 0);
+  ours interleaves them from position 0), with rows up to CTranslate2's
+  default limits; for our outputs, cut sources at the model's
+  `sequence_length` (the end id included) and pass `max_decoding_length=
+  sequence_length - 1`, as `CTranslate2Translator` does;
 - the LayerNorm epsilon is ours (1e-6 by default; CTranslate2 assumes 1e-5);
 - post-LN blocks (the paper's) or pre-LN blocks with final norms, as built;
 - tied embeddings are written as copies of the one matrix, the output
@@ -39,6 +42,9 @@ FORMAT = "keras_transformer.ctranslate2"
 SOURCE_MODEL = "source.model"
 TARGET_MODEL = "target.model"
 QUANTIZATIONS = (None, "int8", "int8_float32", "int16", "float16")
+# CTranslate2's `translate_batch` defaults: max_input_length 1024 and
+# max_decoding_length 256 (positions 0 to 256 after the start token).
+CTRANSLATE2_DEFAULT_POSITIONS = 1024
 
 
 def _require_ctranslate2():
@@ -143,7 +149,12 @@ def _build_spec(source):
         pre_norm=norm_first, activation=activations[source.activation],
     )
     src_name, tgt_name = _embedding_names(weights)
-    table = sinusoidal_encoding(source.max_positions, architecture["d_model"])
+    # Section 3.5's formula holds at any position. Rows past the model's own
+    # (which `CTranslate2Translator` never reaches: it cuts sources and
+    # outputs there, as ours does) let CTranslate2's own `translate_batch`
+    # run on its defaults (sources cut at 1,024 tokens, 256 output tokens)
+    # instead of failing on a long source or a long output.
+    table = sinusoidal_encoding(max(source.max_positions, CTRANSLATE2_DEFAULT_POSITIONS), architecture["d_model"])
     for stack, name in ((spec.encoder, src_name), (spec.decoder, tgt_name)):
         embeddings = stack.embeddings[0] if isinstance(stack.embeddings, list) else stack.embeddings
         embeddings.weight = weights[name]
@@ -339,20 +350,22 @@ class CTranslate2Translator:
                          max_batch_size=0):
         """CTranslate2's results for pre-tokenized input.
 
-        `max_decoding_length` (default and maximum: the position table's
-        rows less one, for the start token) caps the output tokens; where
-        ours forces the end token at that limit, CTranslate2 stops there.
+        `max_decoding_length` (default and maximum: the model's
+        `sequence_length` less one, for the start token) caps the output
+        tokens; where ours forces the end token at that limit, CTranslate2
+        stops there.
 
         Raises:
-            ValueError: for a `max_decoding_length` beyond the position table.
+            ValueError: for a `max_decoding_length` beyond the model's
+                positions.
         """
         limit = self._source_sequence_length - 1
         if max_decoding_length is None:
             max_decoding_length = limit
         elif not 1 <= int(max_decoding_length) <= limit:
             raise ValueError(
-                f"max_decoding_length={max_decoding_length} is outside [1, {limit}]: the model's position "
-                f"table has {limit + 1} rows, one of them for the start token. Pass at most {limit}."
+                f"max_decoding_length={max_decoding_length} is outside [1, {limit}]: the model was trained "
+                f"on {limit + 1} positions, one of them for the start token. Pass at most {limit}."
             )
         return self.translator.translate_batch(
             pieces, beam_size=beam_size, length_penalty=length_penalty,

@@ -64,6 +64,17 @@ def set_search_threads(parallel_searches):
         return False
 
 
+def _damaged_saved_model(path, error):
+    """The `ValueError` for a SavedModel at `path` whose files could not be
+    read (`error`: TensorFlow's or protobuf's own, which names no file)."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return ValueError(
+        f"Could not read the SavedModel {path}: its saved_model.pb or variables/ files are damaged "
+        f"or cut off ({type(error).__name__}: {first_line}). Export it again (keras-transformer "
+        "export), or copy it again."
+    )
+
+
 class SavedModelTranslator:
     """A SavedModel written by `export_translator` (or `keras-transformer
     export`), loaded to translate strings; it needs only TensorFlow and
@@ -77,6 +88,7 @@ class SavedModelTranslator:
 
     Raises:
         FileNotFoundError: if `path` holds no `saved_model.pb`.
+        ValueError: if its files are damaged or cut off (naming `path`).
     """
 
     def __init__(self, path):
@@ -86,7 +98,10 @@ class SavedModelTranslator:
         check_saved_model_folder(path)
         set_search_threads(exported_parallel_searches(path))
         self.path = path
-        self._loaded = tf.saved_model.load(path)
+        try:
+            self._loaded = tf.saved_model.load(path)
+        except Exception as error:
+            raise _damaged_saved_model(path, error) from error
         self._signatures = self._loaded.signatures
         self._src_tokenizer = None
 
@@ -285,7 +300,8 @@ def read_saved_model(path):
     Raises:
         FileNotFoundError: if `path` holds no `saved_model.pb`.
         ValueError: for a SavedModel that `export_translator` did not write,
-            or one with int8 weights (they cannot be rebuilt into a model).
+            one with int8 weights (they cannot be rebuilt into a model), or
+            one whose files are damaged or cut off (naming `path`).
     """
     if not os.path.exists(os.path.join(path, "saved_model.pb")):
         raise FileNotFoundError(f"{path} is not a SavedModel folder (no saved_model.pb).")
@@ -307,9 +323,14 @@ def read_saved_model(path):
             "load_translator serves the int8 export as it is."
         )
     proto = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-        proto.ParseFromString(f.read())
-    weights = _saved_variables(proto, path)
+    try:
+        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+            proto.ParseFromString(f.read())
+        weights = _saved_variables(proto, path)
+    except ValueError:
+        raise
+    except Exception as error:  # a cut-off or damaged file: TensorFlow's or protobuf's own error
+        raise _damaged_saved_model(path, error) from error
     src, tgt = (_sentencepiece_model(proto, name) for name in ("src_tokenizer", "tgt_tokenizer"))
     ids = dict(metadata.get("special_ids", {}))
     ids.setdefault("unk_id", 1)

@@ -82,6 +82,36 @@ def test_greedy_ids_equal_ours_for_each_architecture(tokenizers, tmp_path, tie_e
     assert any(len(row) > 3 for row in ours)  # not all trivially empty
 
 
+def test_ctranslate2_used_directly_runs_past_the_models_positions_and_gives_ours_within_them(tokenizers, tmp_path):
+    """A new-user trial: `ctranslate2.Translator` on the exported folder, on
+    its defaults, failed with "No position encodings are defined for
+    positions >= 16" on a long source or a long output. The table now
+    covers CTranslate2's defaults; with the model's limits it gives ours."""
+    import ctranslate2
+    import sentencepiece
+
+    src, tgt, lines = tokenizers
+    keras.utils.set_random_seed(5)
+    model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4,
+                              dff=64, dropout_rate=0.0, sequence_length=16)
+    translator = Translator(model, src, tgt, beam_size=1)
+    path = export_ctranslate2(translator, str(tmp_path / "ct2"))
+    raw = ctranslate2.Translator(path)
+    pieces = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "source.model"))
+    long = pieces.encode(" ".join(lines[:6]), out_type=str)
+    assert len(long) > 40
+    result = raw.translate_batch([long], beam_size=1, max_decoding_length=200, min_decoding_length=200,
+                                 disable_unk=True)
+    assert len(result[0].hypotheses[0]) == 200  # positions up to 200, past the model's 16
+    # The model's limits: sources cut to 15 pieces (16 with the end id), 15 output tokens.
+    cut = [pieces.encode(line, out_type=str)[:15] for line in lines]
+    results = raw.translate_batch(cut, beam_size=1, max_decoding_length=15, disable_unk=True,
+                                  suppress_sequences=[["<pad>"], ["<s>"]])
+    target = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "target.model"))
+    theirs = [[target.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    assert theirs == our_greedy_ids(translator, lines)
+
+
 def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
     src, tgt, lines = tokenizers
     model = build_transformer(src.vocab_size, tgt.vocab_size, num_layers=1, d_model=32, num_heads=4,
@@ -92,7 +122,10 @@ def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
     with pytest.raises(FileExistsError, match="overwrite"):
         export_ctranslate2(translator, out)
     export_ctranslate2(translator, out, quantization="int8", overwrite=True)
-    assert os.path.getsize(os.path.join(out, "model.bin")) < 0.5 * (4 * model.count_params())
+    # The two float32 position tables (1,024 rows each, for CTranslate2's
+    # defaults) are not quantized; the model's matrices are int8.
+    tables = 2 * 1024 * 32 * 4
+    assert os.path.getsize(os.path.join(out, "model.bin")) - tables < 0.5 * (4 * model.count_params())
     with pytest.raises(ValueError, match="quantization must be one of"):
         export_ctranslate2(translator, out, quantization="int4")
     with pytest.raises(ValueError, match="neither a run folder"):
@@ -116,6 +149,41 @@ def test_overwrite_quantization_and_errors(tokenizers, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--format", "ctranslate2", "--run", str(tmp_path), "--output", out, "--beam-size", "2"])
     assert "--beam-size does not apply to a CTranslate2 model" in capsys.readouterr().err
+    (tmp_path / "s.en").write_text("A dog.\n")
+    (tmp_path / "r.de").write_text("Ein Hund.\n")
+    # A CTranslate2 folder (its config.json is CTranslate2's) passed as a run
+    # or SavedModel was "a training run folder" and then "No trained model" (a
+    # new-user trial), as an ensemble member and as an export's source too.
+    for command in (["translate", "--saved-model", out, "A dog."], ["translate", "--run", out, "A dog."],
+                    ["export", "--format", "ctranslate2", "--run", out, "--output", str(tmp_path / "again")],
+                    ["evaluate", "--ensemble", saved, "--ensemble", out, "--src", str(tmp_path / "s.en"),
+                     "--ref", str(tmp_path / "r.de"), "--no-language-check"]):
+        with pytest.raises(SystemExit):
+            main(command)
+        assert f"{out} is a CTranslate2 model (export --format ctranslate2)" in capsys.readouterr().err, command
+    # --checkpoint is for --run; with --saved-model it was ignored.
+    with pytest.raises(SystemExit):
+        main(["export", "--format", "ctranslate2", "--saved-model", saved, "--checkpoint", "last",
+              "--output", str(tmp_path / "again")])
+    assert "--checkpoint applies to --run only" in capsys.readouterr().err
+    # `average --run SAVED_MODEL` advised --saved-model, which average does not take.
+    with pytest.raises(SystemExit):
+        main(["average", "--run", saved, "--last", "2"])
+    err = capsys.readouterr().err
+    assert "is an exported SavedModel, which holds one set of weights" in err and "--saved-model" not in err
+    # A cut-off SavedModel is named, not an IndexError deep in TensorFlow.
+    import shutil
+
+    from keras_transformer.loading import SavedModelTranslator
+
+    broken = tmp_path / "broken"
+    shutil.copytree(saved, broken)
+    data = next((broken / "variables").glob("variables.data-*"))
+    data.write_bytes(data.read_bytes()[:1000])
+    for load in (lambda: export_ctranslate2(str(broken), str(tmp_path / "again")),
+                 lambda: SavedModelTranslator(str(broken))):
+        with pytest.raises(ValueError, match=f"Could not read the SavedModel {broken}: .* damaged or cut off"):
+            load()
 
 
 @pytest.mark.slow
