@@ -50,10 +50,22 @@ def epoch_log(run_dir):
     return records
 
 
+def _higher_is_better(monitor):
+    """True for a BLEU or an accuracy, False for a loss; a `ValueError` for
+    another key (such as `hardware`), whose order is not known."""
+    if isinstance(monitor, str):
+        if monitor.endswith("loss"):
+            return False
+        if monitor.endswith(("bleu", "accuracy")):
+            return True
+    raise ValueError(f"`monitor` must be a loss, a BLEU or an accuracy logged in epochs.jsonl (such as "
+                     f"'val_loss', 'val_bleu' or 'val_masked_accuracy'); got {monitor!r}.")
+
+
 def _ranked(log, epochs, monitor):
     """`epochs` with a finite `monitor` in `log` (`epoch_log`), best first
-    (lowest loss, highest BLEU; the later epoch first on a tie)."""
-    sign = -1.0 if monitor.endswith("bleu") else 1.0
+    (lowest loss, highest BLEU or accuracy; the later epoch first on a tie)."""
+    sign = -1.0 if _higher_is_better(monitor) else 1.0
     scored = []
     for e in epochs:
         value = log.get(e, {}).get(monitor)
@@ -71,20 +83,24 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         last: int, the latest N epoch checkpoints kept (a `UserWarning`
             when epochs between them were not kept); or
         best: int, the N epochs with the lowest `monitor` (highest for a
-            BLEU).
-        monitor: str, a key of `epochs.jsonl` (`"val_loss"`, `"loss"`,
-            `"val_bleu"`).
+            BLEU or an accuracy).
+        monitor: str, a loss, BLEU or accuracy in `epochs.jsonl`
+            (`"val_loss"`, `"loss"`, `"val_bleu"`, `"val_masked_accuracy"`,
+            `"masked_accuracy"`).
 
     Returns:
         list of str paths.
 
     Raises:
         ValueError: unless exactly one of `last` and `best` is a positive
-            int, when no checkpoint has a logged `monitor`, or when the run
-            has fewer such checkpoints than asked for.
+            int, for a `monitor` that is not a loss, BLEU or accuracy, when
+            no checkpoint has a logged `monitor`, or when the run has fewer
+            such checkpoints than asked for.
     """
     if (last is None) == (best is None) or int(last or best) < 1:
         raise ValueError(f"Pass one positive count, `last` or `best`; got last={last!r}, best={best!r}.")
+    if best is not None:
+        _higher_is_better(monitor)  # refuses a key of unknown order first
     available = epoch_checkpoints(run_dir)
     if last is not None:
         chosen = list(available)[-int(last):]
@@ -101,7 +117,8 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         log = epoch_log(run_dir)
         scored = _ranked(log, available, monitor)
         if available and not scored:
-            logged = sorted({key for record in log.values() for key in record} - {"epoch", "seconds", "steps", "precision"})
+            logged = sorted(key for key in {key for record in log.values() for key in record}
+                            if key.endswith(("loss", "bleu", "accuracy")))
             raise ValueError(
                 f"None of the epoch checkpoints in {run_dir} has a `{monitor}` in epochs.jsonl"
                 + (" (val_bleu is logged only by runs trained with --bleu-every)" if monitor == "val_bleu" else "")
@@ -113,7 +130,8 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         raise ValueError(
             f"{run_dir} has {len(chosen)} epoch checkpoints ({what}), fewer than the "
             f"{wanted} asked for (epochs kept: {list(available) or 'none'}). Average fewer, "
-            "or train with a larger --keep-checkpoints."
+            f"or train more epochs with --keep-checkpoints {wanted} or more (it keeps the latest "
+            "and the best N)."
         )
     return [available[e] for e in sorted(chosen)]
 

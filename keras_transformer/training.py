@@ -36,6 +36,7 @@ from keras_transformer.callbacks import ValidationBLEU
 from keras_transformer.callbacks import history_state
 from keras_transformer.callbacks import time_budget_state
 from keras_transformer.checkpoints import EpochCheckpoint
+from keras_transformer.checkpoints import epoch_checkpoints
 from keras_transformer.checkpoints import epoch_log
 from keras_transformer.checkpoints import average_checkpoints
 from keras_transformer.checkpoints import select_checkpoints
@@ -258,6 +259,11 @@ def _check_settings(config, model_config):
             raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
     if config.time_budget is not None:
         TimeBudget(None, config.time_budget)  # refuses a budget that is not a positive number
+    if config.average_last and config.average_last > config.epochs:
+        raise ValueError(
+            f"average_last={config.average_last} averages the last {config.average_last} epochs, but "
+            f"epochs={config.epochs} trains {config.epochs}; lower --average-last or raise --epochs."
+        )
     if config.average_last and config.average_last > config.keep_checkpoints:
         raise ValueError(
             f"average_last={config.average_last} needs that many epoch checkpoints, but "
@@ -836,8 +842,12 @@ def _finish(config, model, out, src_tok, tgt_tok, verbose, fit=True):
     checkpoints, where asked for. Returns `(model, src_tok, tgt_tok)`."""
     if not fit:  # the weights alone (the optimizer of model.keras is not this one's)
         copy_weights(keras.saving.load_model(os.path.join(out, "model.keras"), compile=False), model)
-    if config.average_last:
-        paths = select_checkpoints(out, last=config.average_last)
+    kept = len(epoch_checkpoints(out)) if config.average_last else 0
+    if kept:
+        if kept < config.average_last:  # early stopping or the time budget ended the run sooner
+            warnings.warn(f"average_last={config.average_last}, but the run ended with {kept} epoch "
+                          f"checkpoint(s) kept: averaged those {kept}.", stacklevel=2)
+        paths = select_checkpoints(out, last=min(config.average_last, kept))
         trained = model.get_weights()
         average_checkpoints(model, paths)
         model.save(os.path.join(out, "averaged.keras"))

@@ -159,10 +159,18 @@ def test_select_checkpoints_last_and_best(tmp_path):
     assert names(select_checkpoints(run, last=2)) == ["005", "006"]
     assert names(select_checkpoints(run, best=2)) == ["005", "006"]  # 6 beats 3 on the tie
     assert names(select_checkpoints(run, best=3)) == ["003", "005", "006"]
-    with pytest.raises(ValueError, match="fewer than the 5"):
+    # The advice named --keep-checkpoints alone where the run had fewer epochs (a new-user trial).
+    with pytest.raises(ValueError, match="fewer than the 5 .* train more epochs with --keep-checkpoints 5 or more"):
         select_checkpoints(run, last=5)
     with pytest.raises(ValueError, match="one positive count"):
         select_checkpoints(run, last=1, best=1)
+    # An accuracy ranks highest first; it ranked lowest first, as a loss (a
+    # new-user trial), and a key of unknown order ("hardware") failed in float().
+    _log(run, [0.1, 0.2, 0.9, 0.5, 0.7, 0.6], key="val_masked_accuracy")
+    assert names(select_checkpoints(run, best=2, monitor="val_masked_accuracy")) == ["003", "005"]
+    with pytest.raises(ValueError, match="`monitor` must be a loss, a BLEU or an accuracy .* got 'hardware'"):
+        select_checkpoints(run, best=2, monitor="hardware")
+    _log(run, [9.0, 8.0, 2.0, 5.0, 1.0, 2.0])
     # A run trained without --bleu-every logs no val_bleu: said so, not
     # "0 epoch checkpoints ... train with a larger --keep-checkpoints".
     with pytest.raises(ValueError, match=r"has a `val_bleu`.*--bleu-every\); it logged \['val_loss'\]"):
@@ -177,6 +185,34 @@ def test_select_checkpoints_last_and_best(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert names(select_checkpoints(run, last=1)) == ["006"]
+
+
+def test_average_last_beyond_the_epochs_is_refused_first_and_a_shorter_run_averages_what_it_kept(tmp_path):
+    """`train --average-last 5 --epochs 3` trained all three epochs and then
+    failed, advising --keep-checkpoints (a new-user trial). It is refused
+    before anything is written; a run that ends sooner (early stopping,
+    the time budget) averages the checkpoints it kept, with a warning."""
+    from keras_transformer import training
+    from keras_transformer.config import TrainingConfig
+
+    with pytest.raises(ValueError, match="average_last=5 averages the last 5 epochs, but epochs=3 trains 3"):
+        training.train(TrainingConfig(train_src="s", train_tgt="t", epochs=3, average_last=5,
+                                      output_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+    run = tmp_path / "stopped"
+    (run / "epochs").mkdir(parents=True)
+    model = build_transformer(40, 40, **SIZES)
+    model.save_weights(run / "epochs" / "epoch-001.weights.h5")
+    first = model.get_weights()
+    model.set_weights([w + 1.0 if np.issubdtype(w.dtype, np.floating) else w for w in first])
+    model.save_weights(run / "epochs" / "epoch-002.weights.h5")
+    config = TrainingConfig(train_src="s", train_tgt="t", epochs=10, average_last=4)
+    with pytest.warns(UserWarning, match="average_last=4, but the run ended with 2 epoch checkpoint"):
+        training._finish(config, model, str(run), None, None, verbose=False)
+    averaged = keras.saving.load_model(run / "averaged.keras", compile=False).get_weights()
+    for got, w in zip(averaged, first):
+        if np.issubdtype(w.dtype, np.floating):
+            np.testing.assert_allclose(got, w + 0.5, rtol=1e-6, atol=1e-6)
 
 
 def test_early_stopping_state_from_the_log(tmp_path):
