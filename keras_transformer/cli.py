@@ -77,7 +77,7 @@ def _add_training_args(parser):
                         help="model size (default: %(default)s): base and big are the paper's "
                              "table 3, small is 3 layers of d_model 256")
     for name, kind in (("num-layers", int), ("d-model", int), ("num-heads", int), ("dff", int), ("dropout-rate", float)):
-        parser.add_argument(f"--{name}", type=kind, help="override the preset")
+        parser.add_argument(f"--{name}", type=kind, help="override the preset's (docs/training.md lists them)")
     parser.add_argument("--num-decoder-layers", type=int,
                         help="decoder blocks (default: as many as encoder blocks, --num-layers)")
     helps = {

@@ -78,3 +78,18 @@ def test_the_pages_show_real_commands_and_flags():
                 assert flag in known, f"{page.name}: {words[1]} has no {flag} ({line!r})"
             seen += 1
     assert seen >= 10
+
+
+def test_the_preset_table_is_the_presets():
+    """docs/training.md's table of presets, which `train --help` points to,
+    lists `keras_transformer.models.presets.PRESETS` row for row."""
+    from keras_transformer.models.presets import PRESETS
+
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    header = "| preset | num_layers | d_model | num_heads | dff | dropout_rate |"
+    assert header in text
+    fields = header.strip("| ").split(" | ")[1:]
+    rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      text[text.index(header):], re.M)
+    table = {name: {f: float(v) for f, v in zip(fields, values)} for name, *values in rows}
+    assert table == {name: {f: float(sizes[f]) for f in fields} for name, sizes in PRESETS.items()}
