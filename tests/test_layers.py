@@ -921,3 +921,107 @@ def test_token_ids_that_are_not_integers_are_refused():
                                   to_numpy(layer(np.array([[1, 2]]), start_index=2)))
     np.testing.assert_array_equal(to_numpy(layer(np.array([[1, 2]], "int64"))),
                                   to_numpy(layer(np.array([[1, 2]], "int32"))))
+
+
+def test_symbolic_calls_return_the_attention_weights_the_eager_calls_do():
+    """With `keras.Input`s, `return_attention_scores=True` gave the output
+    alone (the weights were dropped without a word, and `x, w = ...` failed
+    on iterating a KerasTensor), for the attention layer and both blocks
+    (a new-user trial). A functional model now returns the eager values."""
+    keras.utils.set_random_seed(0)
+    src, tgt = keras.Input((None, 16)), keras.Input((None, 16))
+    attention = MultiHeadAttention(num_heads=2, key_dim=8)
+    encoder = TransformerEncoder(num_heads=2, dff=8, dropout_rate=0.0)
+    decoder = TransformerDecoder(num_heads=2, dff=8, dropout_rate=0.0)
+    out, weights = attention(tgt, src, return_attention_scores=True)
+    assert tuple(out.shape) == (None, None, 16) and tuple(weights.shape) == (None, 2, None, None)
+    assert weights.dtype == "float32"
+    encoded, encoder_weights = encoder(src, return_attention_scores=True)
+    decoded, decoder_weights = decoder(tgt, encoded, return_attention_scores=True)
+    assert set(decoder_weights) == {"self_attention", "cross_attention"}
+    model = keras.Model([src, tgt], [out, weights, encoder_weights, decoder_weights["cross_attention"]])
+    x, y = np.random.default_rng(0).normal(size=(2, 5, 16)), np.random.default_rng(1).normal(size=(2, 3, 16))
+    x, y = x.astype("float32"), y.astype("float32")
+    got = model.predict([x, y], verbose=0)
+    eager_encoded, eager_encoder_weights = encoder(x, return_attention_scores=True)
+    expected = [*attention(y, x, return_attention_scores=True), eager_encoder_weights,
+                decoder(y, eager_encoded, return_attention_scores=True)[1]["cross_attention"]]
+    assert [g.shape for g in got] == [(2, 3, 16), (2, 2, 3, 5), (2, 2, 5, 5), (2, 2, 3, 5)]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, to_numpy(e), rtol=1e-5, atol=1e-6)
+
+
+def test_symbolic_calls_get_the_checks_that_need_no_values():
+    """`keras.Input`s of a wrong static length, dtype or rank, and masks of
+    the wrong shape or dtype, built graphs that the eager call refuses (a
+    new-user trial): Keras calls `compute_output_spec`, not `call`."""
+    embedding = PositionalEmbedding(10, 8, sequence_length=5)
+    with pytest.raises(ValueError, match="got a sequence of length 7, longer than its sequence_length=5"):
+        embedding(keras.Input((7,), dtype="int32"))
+    with pytest.raises(TypeError, match="must be integer token ids; got float32"):
+        PositionalEmbedding(10, 8, sequence_length=5)(keras.Input((None,), dtype="float32"))
+    with pytest.raises(ValueError, match=r"expects token ids of shape \(batch, length\)"):
+        PositionalEmbedding(10, 8, sequence_length=5)(keras.Input((3, 2), dtype="int32"))
+    assert tuple(PositionalEmbedding(10, 8, sequence_length=5)(keras.Input((None,), dtype="int32")).shape) == (
+        None, None, 8)
+    q, v = keras.Input((4, 16)), keras.Input((5, 16))
+    with pytest.raises(ValueError, match="attention_mask"):
+        MultiHeadAttention(2, 8)(q, v, attention_mask=keras.Input((4, 4), dtype="bool"))
+    with pytest.raises(ValueError, match="must be a bool mask"):
+        MultiHeadAttention(2, 8)(q, q, attention_mask=keras.Input((4, 4), dtype="float32"))
+
+
+def test_output_projection_is_float32_symbolically_under_mixed_precision():
+    """The docstring's float32 logits held eagerly; a `keras.Input` got the
+    compute dtype (float16), so a functional model's declared output dtype
+    was wrong (a new-user trial)."""
+    from keras_transformer.layers import OutputProjection
+
+    layer = OutputProjection(30, dtype="mixed_float16")
+    assert layer(keras.Input((None, 16))).dtype == "float32"
+    assert keras.backend.standardize_dtype(layer(np.ones((1, 2, 16), "float32")).dtype) == "float32"
+
+
+def test_causal_mask_refuses_what_is_not_an_integer_length_on_every_backend():
+    """`causal_mask(2.5)` made a 3 x 3 mask on jax and torch and failed on
+    tensorflow; `causal_mask(np.int64(-1))` gave an empty mask on jax (a
+    new-user trial)."""
+    with pytest.raises(ValueError, match="`query_length` of 0 or more; got -1"):
+        causal_mask(np.int64(-1))
+    with pytest.raises(TypeError, match="integer `query_length`; got 2.5"):
+        causal_mask(2.5)
+    with pytest.raises(TypeError, match="integer `key_length`"):
+        causal_mask(2, True)
+    np.testing.assert_array_equal(to_numpy(causal_mask(np.int32(2), 3, offset=1)),
+                                  [[[True, True, False], [True, True, True]]])
+
+
+@pytest.mark.parametrize("rate", [1.5, "0.1", float("nan")])
+def test_the_blocks_check_their_rates_when_made(rate):
+    """An encoder with dropout_rate 1.5 was made and saved in its config and
+    failed at its first call; "0.1" was read as 0.1 where the attention
+    layer refuses it (a new-user trial)."""
+    for block in (TransformerEncoder, TransformerDecoder):
+        for name in ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate"):
+            with pytest.raises(ValueError, match=f"`{name}` must be a number in \\[0, 1\\)"):
+                block(num_heads=2, dff=8, **{name: rate})
+
+
+def test_attention_over_one_key_gives_weight_one_without_a_warning():
+    """A one-token sentence: Keras's softmax warned "The softmax operation
+    will always return the value 1 ... Did you mean to use a sigmoid
+    instead?" for a valid input (a new-user trial). The weights are 1
+    (0 where the key is masked), the outputs the value projected."""
+    import warnings
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(0).normal(size=(2, 1, 8)).astype("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, weights = layer(x, x, return_attention_scores=True)
+        _, masked = layer(x, x, attention_mask=np.array([[[True]], [[False]]]), return_attention_scores=True)
+    np.testing.assert_array_equal(to_numpy(weights), np.ones((2, 2, 1, 1)))
+    np.testing.assert_array_equal(to_numpy(masked)[:, 0, 0, 0], [1.0, 0.0])
+    v = x @ to_numpy(layer.value_dense.kernel).reshape(8, 8) + to_numpy(layer.value_dense.bias).reshape(8)
+    expected = v @ to_numpy(layer.output_dense.kernel).reshape(8, 8) + to_numpy(layer.output_dense.bias)
+    np.testing.assert_allclose(to_numpy(out), expected, rtol=1e-5, atol=1e-5)

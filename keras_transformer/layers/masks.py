@@ -11,6 +11,7 @@ so they trace under `jax.jit`, `tf.function` and XLA.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -44,11 +45,23 @@ def causal_mask(query_length, key_length=None, offset=0):
     Returns:
         bool tensor, shape `(1, query_length, key_length)`; broadcasts over the
         batch, so it does not depend on the batch size.
+
+    Raises:
+        TypeError: for a length or offset that is not an integer (a Python
+            or NumPy int, or an integer tensor).
+        ValueError: for a negative length known here.
     """
     if key_length is None:
         key_length = query_length
-    for name, value in (("query_length", query_length), ("key_length", key_length)):
-        if isinstance(value, int) and value < 0:
+    for name, value in (("query_length", query_length), ("key_length", key_length), ("offset", offset)):
+        dtype = getattr(value, "dtype", None)
+        if isinstance(value, bool) or not (
+            isinstance(value, (int, np.integer))
+            or (dtype is not None and "int" in keras.backend.standardize_dtype(dtype))
+        ):  # 2.5 made a mask of 3 on jax and torch and failed on tensorflow
+            raise TypeError(f"causal_mask needs an integer `{name}`; got {value!r} ({type(value).__name__}).")
+        if isinstance(value, (int, np.integer)) and value < 0 and name != "offset":
+            # np.int64(-1) gave an empty mask on jax and failed in a Range op elsewhere
             raise ValueError(f"causal_mask needs a `{name}` of 0 or more; got {value}.")
     rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, 1)
     cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)

@@ -41,10 +41,13 @@ def masked_softmax(scores, mask=None):
         float32 tensor of the shape of `scores`.
     """
     scores = ops.cast(scores, "float32")
+    # Over one key the softmax is exactly 1 (and Keras's warns that it
+    # "will always return the value 1", for a valid one-token sentence).
+    softmax = ops.ones_like if scores.shape[-1] == 1 else lambda x: ops.softmax(x, axis=-1)
     if mask is None:
-        return ops.softmax(scores, axis=-1)
+        return softmax(scores)
     mask = ops.cast(mask, "bool")
-    weights = ops.softmax(scores + attention_bias(mask), axis=-1)
+    weights = softmax(scores + attention_bias(mask))
     return ops.where(mask, weights, 0.0)
 
 
@@ -580,15 +583,10 @@ class MultiHeadAttention(keras.layers.Layer):
         if value is None and value_mask is None:
             value_mask = mask  # the query's padding is the keys' padding
         value = query if value is None else value
-        _check_attention_inputs(query.shape, value.shape, None if key is None else key.shape)
-        self._check_widths(query=query, value=value, key=value if key is None else key)
-        _check_mask_shapes(query.shape, value.shape, attention_mask, value_mask)
-        if attention_mask is not None:
-            attention_mask = as_bool_mask(attention_mask, "attention_mask")
-            if len(attention_mask.shape) == 2:  # (query_length, key_length): every sentence's
-                attention_mask = ops.expand_dims(attention_mask, 0)
-        if value_mask is not None:
-            value_mask = as_bool_mask(value_mask, "value_mask")
+        attention_mask, value_mask = self._checked_inputs(query, value, key, attention_mask, value_mask)
+        if attention_mask is not None and len(attention_mask.shape) == 2:
+            # (query_length, key_length): every sentence's
+            attention_mask = ops.expand_dims(attention_mask, 0)
         mask = merge_masks(
             attention_mask,
             key_padding_to_attention_mask(value_mask),
@@ -606,6 +604,30 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_mask(self, query, mask=None):
         return mask
+
+    def _checked_inputs(self, query, value, key, attention_mask, value_mask):
+        """The checks of `call` that shapes and dtypes allow before any
+        value is known (so `keras.Input`s get them too): ranks, batch sizes,
+        widths, mask shapes and mask dtypes. Returns the masks as bool."""
+        _check_attention_inputs(query.shape, value.shape, None if key is None else key.shape)
+        self._check_widths(query=query, value=value, key=value if key is None else key)
+        _check_mask_shapes(query.shape, value.shape, attention_mask, value_mask)
+        if attention_mask is not None:
+            attention_mask = as_bool_mask(attention_mask, "attention_mask")
+        if value_mask is not None:
+            value_mask = as_bool_mask(value_mask, "value_mask")
+        return attention_mask, value_mask
+
+    def compute_output_spec(self, query, value=None, key=None, attention_mask=None, value_mask=None,
+                            use_causal_mask=False, return_attention_scores=False, training=None,
+                            mask=None):
+        value = query if value is None else value
+        self._checked_inputs(query, value, key, attention_mask, value_mask)
+        output = keras.KerasTensor(self.compute_output_shape(query.shape), dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        weights = (query.shape[0], self.num_heads, query.shape[1], value.shape[1])
+        return output, keras.KerasTensor(weights, dtype="float32")
 
     def _check_widths(self, **inputs):
         """ValueError for an input of another width than the layer was

@@ -60,6 +60,9 @@ class OutputProjection(keras.layers.Dense):
     def compute_mask(self, inputs, mask=None):
         return None
 
+    def compute_output_spec(self, inputs):
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype="float32")
+
     def get_config(self):
         config = super().get_config()
         config.pop("units", None)

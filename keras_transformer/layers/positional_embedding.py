@@ -304,6 +304,28 @@ class PositionalEmbedding(keras.layers.Layer):
              training=None):
         if reverse:
             return vocabulary_logits(self._reverse, inputs)
+        self._check_ids_shape_and_dtype(inputs, start_index)
+        inputs = check_sequence_length(
+            inputs, self.sequence_length, f"PositionalEmbedding ({self.name})", start_index
+        )
+        if check_ids:
+            inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
+        embedded = self._lookup(inputs)
+        embedded = ops.multiply(
+            embedded, ops.cast(self.d_model**0.5, embedded.dtype)
+        )
+        length = ops.shape(inputs)[1]
+        positions = ops.slice(
+            ops.convert_to_tensor(self._position_table),
+            (start_index, 0),
+            (length, self.d_model),
+        )
+        return embedded + ops.cast(positions, embedded.dtype)[None]
+
+    def _check_ids_shape_and_dtype(self, inputs, start_index):
+        """The checks of `call` that need no values (so `keras.Input`s get
+        them too): integer ids of shape `(batch, length)`, length not 0, an
+        integer `start_index`."""
         check_integer_ids(
             inputs, f"The inputs of PositionalEmbedding ({self.name})",
             fix="Tokenize to int32 ids first, or pass reverse=True to project decoder outputs onto "
@@ -323,22 +345,6 @@ class PositionalEmbedding(keras.layers.Layer):
                 f"{tuple(inputs.shape)}): a sequence needs at least one token. Pack each sentence "
                 "with its end token (`pack_source`; an empty sentence is then just the end id)."
             )
-        inputs = check_sequence_length(
-            inputs, self.sequence_length, f"PositionalEmbedding ({self.name})", start_index
-        )
-        if check_ids:
-            inputs = check_id_range(inputs, self.vocab_size, f"The inputs of {self.name}")
-        embedded = self._lookup(inputs)
-        embedded = ops.multiply(
-            embedded, ops.cast(self.d_model**0.5, embedded.dtype)
-        )
-        length = ops.shape(inputs)[1]
-        positions = ops.slice(
-            ops.convert_to_tensor(self._position_table),
-            (start_index, 0),
-            (length, self.d_model),
-        )
-        return embedded + ops.cast(positions, embedded.dtype)[None]
 
     def decoding_weights(self):
         """The token table `(vocab_size, d_model)` in the compute dtype, read
@@ -387,12 +393,15 @@ class PositionalEmbedding(keras.layers.Layer):
             )
         return table.embeddings
 
-    def _reverse(self, inputs):
+    def _check_reverse_width(self, inputs):
         if inputs.shape[-1] is not None and inputs.shape[-1] != self.d_model:
             raise ValueError(
                 f"{self.name}(..., reverse=True) projects decoder outputs of width d_model={self.d_model} "
                 f"onto the vocabulary; got width {inputs.shape[-1]} (shape {tuple(inputs.shape)})."
             )
+
+    def _reverse(self, inputs):
+        self._check_reverse_width(inputs)
         return ops.matmul(inputs, ops.transpose(ops.cast(self._float_table(), inputs.dtype)))
 
     def output_weights(self, table=None):
@@ -421,8 +430,13 @@ class PositionalEmbedding(keras.layers.Layer):
     def compute_output_spec(self, inputs, start_index=0, check_ids=True, reverse=False,
                             mask=None, training=None):
         if reverse:
+            self._check_reverse_width(inputs)
             shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
             return keras.KerasTensor(shape, dtype="float32")
+        self._check_ids_shape_and_dtype(inputs, start_index)
+        if inputs.shape[1] is not None:  # a static length: its check needs no value
+            check_sequence_length(inputs, self.sequence_length, f"PositionalEmbedding ({self.name})",
+                                  start_index)
         shape = self.compute_output_shape(inputs.shape)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 

@@ -5,6 +5,7 @@ import keras
 from keras_transformer.validation import check_bool
 from keras_transformer.validation import check_count
 from keras_transformer.validation import check_positive
+from keras_transformer.validation import check_rate
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -32,13 +33,13 @@ class TransformerBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = check_count(num_heads, "num_heads")
         self.dff = check_count(dff, "dff")
-        self.dropout_rate = float(dropout_rate)
+        self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
         self.attention_dropout_rate = (
             self.dropout_rate
             if attention_dropout_rate is None
-            else float(attention_dropout_rate)
+            else check_rate(attention_dropout_rate, "attention_dropout_rate")
         )
-        self.activation_dropout_rate = float(activation_dropout_rate)
+        self.activation_dropout_rate = check_rate(activation_dropout_rate, "activation_dropout_rate")
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = check_positive(layer_norm_epsilon, "layer_norm_epsilon")
         self.norm_first = check_bool(norm_first, "norm_first")

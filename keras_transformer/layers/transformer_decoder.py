@@ -525,3 +525,26 @@ class TransformerDecoder(TransformerBlock):
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return tuple(inputs_shape)
+
+    def compute_output_spec(self, inputs, encoder_outputs=None, inputs_mask=None,
+                            encoder_outputs_mask=None, use_causal_mask=True, training=None,
+                            return_attention_scores=False, self_attention_cache=None, **kwargs):
+        if self_attention_cache is not None:
+            raise ValueError(
+                "TransformerDecoder's cached call (one decoding step) takes tensors, not "
+                "keras.Input: call it inside the search (`keras_transformer.decoding`)."
+            )
+        if encoder_outputs is None:
+            raise ValueError(
+                "TransformerDecoder needs `encoder_outputs`, the output of the "
+                "encoder stack, shape (batch, source_length, d_model)."
+            )
+        output = keras.KerasTensor(tuple(inputs.shape), dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        batch, length, source_length = inputs.shape[0], inputs.shape[1], encoder_outputs.shape[1]
+        return output, {
+            "self_attention": keras.KerasTensor((batch, self.num_heads, length, length), dtype="float32"),
+            "cross_attention": keras.KerasTensor((batch, self.num_heads, length, source_length),
+                                                 dtype="float32"),
+        }

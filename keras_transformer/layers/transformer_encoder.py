@@ -99,6 +99,13 @@ class TransformerEncoder(TransformerBlock):
         )
         self.built = True
 
+    def compute_output_spec(self, inputs, mask=None, training=None, return_attention_scores=False):
+        output = keras.KerasTensor(tuple(inputs.shape), dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        batch, length = inputs.shape[0], inputs.shape[1]
+        return output, keras.KerasTensor((batch, self.num_heads, length, length), dtype="float32")
+
     def call(self, inputs, mask=None, training=None, return_attention_scores=False):
         attention_mask = key_padding_to_attention_mask(mask)
 
