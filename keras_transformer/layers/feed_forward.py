@@ -17,6 +17,10 @@ class FeedForward(keras.layers.Layer):
             activation `max(0, x W1 + b1)` in training (fairseq's
             `activation_dropout`; the paper has none: 0).
         kernel_initializer: initializer of both kernels.
+            An initializer with a fixed `seed` gives each kernel of one shape
+            the same values, as in Keras's own layers (W^Q = W^K = W^V):
+            for reproducible weights, leave it unseeded and call
+            `keras.utils.set_random_seed`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:

@@ -229,6 +229,10 @@ class MultiHeadAttention(keras.layers.Layer):
             dimension.
         use_bias: bool, whether the projections have biases.
         kernel_initializer: initializer of the projection kernels.
+            An initializer with a fixed `seed` gives each kernel of one shape
+            the same values, as in Keras's own layers (W^Q = W^K = W^V):
+            for reproducible weights, leave it unseeded and call
+            `keras.utils.set_random_seed`.
         bias_initializer: initializer of the projection biases.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`).
 

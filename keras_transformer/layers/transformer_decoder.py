@@ -126,6 +126,10 @@ class TransformerDecoder(TransformerBlock):
         layer_norm_epsilon: float, LayerNormalization epsilon.
         norm_first: bool, pre-LN instead of the paper's post-LN.
         kernel_initializer: initializer of all kernels.
+            An initializer with a fixed `seed` gives each kernel of one shape
+            the same values, as in Keras's own layers (W^Q = W^K = W^V):
+            for reproducible weights, leave it unseeded and call
+            `keras.utils.set_random_seed`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
