@@ -62,6 +62,17 @@ LANGUAGES = {"en": "English", "de": "German", "fr": "French"}
 SEARCHES = [(4, 0.6), (5, 1.0), (8, 1.0)]
 
 
+def positive_int(text):
+    """An argparse type: an int of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
 def search_setting(text):
     """`--search BEAM:LP` -> `(beam_size, length_penalty)`."""
     try:
@@ -93,6 +104,16 @@ def files(args, split):
     return f"{args.data}/{split}.{source}.gz", f"{args.data}/{split}.{target}.gz"
 
 
+def require_corpus(args):
+    """SystemExit naming --data and MULTI30K_DIR when the pair's files are
+    not in `args.data` (they failed later as a bare FileNotFoundError)."""
+    for split in ("train", "val", "test_2016_flickr"):
+        for path in files(args, split):
+            if not os.path.exists(path):
+                raise SystemExit(f"{path} does not exist: pass the Multi30k folder as --data, or set "
+                                 "MULTI30K_DIR.")
+
+
 def config_for(args):
     (train_src, train_tgt), (val_src, val_tgt) = files(args, "train"), files(args, "val")
     return TrainingConfig(
@@ -107,7 +128,8 @@ def config_for(args):
         epochs=args.epochs, tokens_per_batch=args.tokens_per_batch, warmup_steps=args.warmup_steps,
         lr_scale=args.lr_scale, sequence_length=64,
         early_stopping_patience=10, time_budget=args.time_budget,
-        keep_checkpoints=10, average_last=10, bleu_every=5, subword_alpha=args.subword_alpha,
+        # The last 10 epochs averaged; all of them in a run of fewer.
+        keep_checkpoints=10, average_last=min(10, args.epochs), bleu_every=5, subword_alpha=args.subword_alpha,
         bidirectional_epochs=args.bidirectional_epochs, cooldown_epochs=args.cooldown_epochs, seed=args.seed,
         extra_train=args.extra_train, user_defined_symbols=args.user_defined_symbols,
         precision=args.precision,
@@ -222,6 +244,9 @@ def choose_on_val(args):
 
 
 def ship(args):
+    if not os.path.exists(os.path.join(args.run, "config.json")):
+        raise SystemExit(f"{args.run} is not a training run folder (no config.json): pass the --run "
+                         "that `train` wrote (default runs/multi30k-PAIR).")
     trained = model_languages(args.run)
     if trained is not None and "-".join(trained) != args.pair:
         raise SystemExit(f"{args.run} was trained {'-'.join(trained)} and --pair is {args.pair}: pass "
@@ -255,10 +280,19 @@ def refresh(args):
     one and those, before the export."""
     from keras_transformer.loading import translator_from_saved_model
 
+    for name in ("metrics.json", "keras_transformer.json"):
+        if not os.path.exists(os.path.join(args.output, name)):
+            raise SystemExit(f"{args.output} holds no {name}: refresh takes a model that `ship` wrote "
+                             "(--output, default saved_models/multi30k-PAIR).")
     with open(os.path.join(args.output, "metrics.json")) as f:
         facts = json.load(f)
     with open(os.path.join(args.output, "keras_transformer.json")) as f:
         decoding = json.load(f)["decoding"]
+    # The shipped model's own pair: scored on another's files, its card got the
+    # scores of the wrong language pair (a new-user trial).
+    shipped = facts.get("pair") or ("-".join(model_languages(args.output)) if model_languages(args.output) else None)
+    if shipped is not None and shipped != args.pair:
+        raise SystemExit(f"{args.output} translates {shipped} and --pair is {args.pair}: pass --pair {shipped}.")
     search = facts.setdefault("search", {"beam_size": decoding["beam_size"],
                                          "length_penalty": decoding["length_penalty"]})
     facts.setdefault("pair", args.pair)
@@ -433,7 +467,8 @@ def build_parser():
     parser.add_argument("--pair", default="en-de", choices=["en-de", "de-en", "en-fr"])
     parser.add_argument("--run", help="run folder (default: runs/multi30k-PAIR)")
     parser.add_argument("--output", help="SavedModel folder (default: saved_models/multi30k-PAIR)")
-    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--epochs", type=positive_int, default=60,
+                        help="epochs at most (the recipe: 60; early stopping and --time-budget end it sooner)")
     parser.add_argument("--tokens-per-batch", type=int, default=4096,
                         help="tokens per batch and side (the recipe: 4096)")
     parser.add_argument("--warmup-steps", type=int, default=1000,
@@ -493,6 +528,7 @@ def main():
     args = build_parser().parse_args()
     args.run = args.run or f"runs/multi30k-{args.pair}"
     args.output = args.output or f"saved_models/multi30k-{args.pair}"
+    require_corpus(args)
     if args.command == "train":
         start = time.time()
         try:

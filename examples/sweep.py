@@ -22,7 +22,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from multi30k import build_parser  # noqa: E402
 from multi30k import config_for  # noqa: E402
+from multi30k import positive_int  # noqa: E402
+from multi30k import require_corpus  # noqa: E402
 
 from keras_transformer.checkpoints import epoch_log  # noqa: E402
 from keras_transformer.training import TrainingConfig, train  # noqa: E402
@@ -39,7 +42,11 @@ def parse_grid(items):
             raise SystemExit(f"--grid {item!r}: expected FIELD=V1,V2 with a TrainingConfig field")
         kind = {int: int, float: float, bool: lambda v: v.lower() in ("1", "true", "yes")}
         convert = kind.get(fields[name].type, str)
-        grid[name] = [convert(v) for v in values.split(",")]
+        try:
+            grid[name] = [convert(v) for v in values.split(",")]
+        except ValueError:
+            raise SystemExit(f"--grid {item!r}: {name} takes {getattr(fields[name].type, '__name__', 'str')} "
+                             "values") from None
     return grid
 
 
@@ -57,19 +64,24 @@ def main():
     parser.add_argument("--data", default=os.environ.get("MULTI30K_DIR", "../shared/data/multi30k"))
     parser.add_argument("--pair", default="en-de", choices=["en-de", "de-en", "en-fr"])
     parser.add_argument("--root", help="folder of the sweep's runs (default: runs/sweep-PAIR)")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=positive_int, default=30)
     parser.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2")
     args = parser.parse_args()
     root = args.root or f"runs/sweep-{args.pair}"
     grid = parse_grid(args.grid)
+    # The recipe: multi30k.py's defaults, for this pair, data and epochs.
+    recipe = build_parser().parse_args(["--data", args.data, "--pair", args.pair,
+                                        "--epochs", str(args.epochs), "train"])
+    require_corpus(recipe)
+    os.makedirs(root, exist_ok=True)
     rows = []
     for values in itertools.product(*grid.values()):
         setting = dict(zip(grid, values))
         name = "_".join(f"{k}-{v}" for k, v in setting.items()) or "recipe"
-        args.run = os.path.join(root, name)
-        config = dataclasses.replace(config_for(args), **setting)
+        recipe.run = os.path.join(root, name)
+        config = dataclasses.replace(config_for(recipe), **setting)
         train(config, verbose=2)
-        rows.append({**setting, **summary(args.run)})
+        rows.append({**setting, **summary(recipe.run)})
         print(json.dumps(rows[-1]), flush=True)
         write_table(root, grid, rows)
 

@@ -137,3 +137,61 @@ def test_card_hardware_is_where_the_epochs_trained(script, monkeypatch):
     assert script.training_hardware([{}, {"hardware": b}]) == f"{b}; a machine not recorded for the earlier epochs"
     unrecorded = script.training_hardware([{"epoch": 1}])
     assert unrecorded.startswith("Shipper CPU, 2 cores, no GPU (the machine that shipped it;")
+
+
+def test_a_run_of_fewer_than_10_epochs_averages_them_all(script):
+    """`--epochs 5` met the recipe's 10 averaged epochs and was refused (a
+    new-user trial, after `train` began refusing average_last > epochs)."""
+    assert (config(script, "--epochs 5").average_last, config(script, "").average_last) == (5, 10)
+    with pytest.raises(SystemExit):
+        script.build_parser().parse_args(["--epochs", "0", "train"])
+
+
+def test_sweep_runs_the_recipe_with_the_grid_fields_replaced(script, tmp_path, monkeypatch):
+    """sweep.py failed on every run: it handed its own arguments, which lack
+    the recipe's, to `config_for` (AttributeError: no num_layers; a new-user
+    trial). Each grid point is the recipe with those fields replaced."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("sweep_script", SCRIPT.parent / "sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        for language in ("en", "de"):
+            (data / f"{split}.{language}.gz").write_bytes(b"")
+    trained = []
+    monkeypatch.setattr(sweep, "train", lambda config, verbose: trained.append(config))
+    monkeypatch.setattr(sweep, "summary", lambda run: {"epochs": 1})
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "--data", str(data), "--root", str(tmp_path / "sw"),
+                                      "--epochs", "3", "--grid", "dropout_rate=0.1,0.3"])
+    sweep.main()
+    assert [c.dropout_rate for c in trained] == [0.1, 0.3]
+    assert [c.output_dir for c in trained] == [str(tmp_path / "sw" / "dropout_rate-0.1"),
+                                              str(tmp_path / "sw" / "dropout_rate-0.3")]
+    recipe = config(script, "--epochs 3")
+    for c in trained:
+        assert dataclasses.replace(c, dropout_rate=0.2, output_dir="runs/x", train_src=recipe.train_src,
+                                   train_tgt=recipe.train_tgt, val_src=recipe.val_src,
+                                   val_tgt=recipe.val_tgt) == recipe
+    assert (tmp_path / "sw" / "sweep.md").read_text().count("| 1 |") == 2
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "--data", str(data), "--grid", "num_layers=abc"])
+    with pytest.raises(SystemExit, match="num_layers takes int values"):
+        sweep.main()
+
+
+def test_refresh_refuses_the_files_of_another_pair(script, tmp_path):
+    """`refresh --pair de-en` on an en-de model scored it on German sources
+    and rewrote its card with BLEU 0.01 (a new-user trial)."""
+    import json
+
+    (tmp_path / "metrics.json").write_text(json.dumps({"pair": "en-de"}))
+    (tmp_path / "keras_transformer.json").write_text(json.dumps({"decoding": {"beam_size": 4, "length_penalty": 0.6}}))
+    args = script.build_parser().parse_args(["--pair", "de-en", "--output", str(tmp_path), "refresh"])
+    with pytest.raises(SystemExit, match="translates en-de and --pair is de-en: pass --pair en-de"):
+        script.refresh(args)
+    args.output = str(tmp_path / "nothing")
+    with pytest.raises(SystemExit, match="holds no metrics.json"):
+        script.refresh(args)
