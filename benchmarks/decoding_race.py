@@ -163,18 +163,30 @@ class Contender:
         self.process.wait(timeout=60)
 
 
+def positive_int(text):
+    """An argparse type: an int of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--saved-model", action="append",
                         help="SavedModel(s) to race (default: saved_models/multi30k-en-de); the first "
                              "is also converted for the translator and CTranslate2 contenders")
     parser.add_argument("--data", default=os.environ.get("MULTI30K_DIR", os.path.join(REPO, "..", "shared", "data", "multi30k")))
-    parser.add_argument("--sentences", type=int, default=512, help="test sentences at batch 32")
-    parser.add_argument("--batch1-sentences", type=int, default=64, help="of which timed at batch 1")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sentences", type=positive_int, help="test sentences at batch 32 (default: 512)")
+    parser.add_argument("--batch1-sentences", type=positive_int, help="of which timed at batch 1 (default: 64)")
+    parser.add_argument("--rounds", type=positive_int, help="interleaved rounds (default: 3)")
     parser.add_argument("--xla-max-batch-size", type=int, default=4,
                         help="the hybrid contender's largest XLA batch")
-    parser.add_argument("--quick", action="store_true", help="64 sentences, 8 at batch 1, one round")
+    parser.add_argument("--quick", action="store_true",
+                        help="64 sentences, 8 at batch 1, one round (where not given)")
     parser.add_argument("--only", help="a regular expression: race only the contenders whose names it "
                                        "matches (and ct2_float32 on all CPUs and on one thread, the yardstick)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
@@ -182,16 +194,35 @@ def main():
     if args.worker:
         kind, path, sentences_file, batch1 = args.worker
         return worker(kind, path, sentences_file, int(batch1))
-    if args.quick:
-        args.sentences, args.batch1_sentences, args.rounds = 64, 8, 1
+    # --quick sets what is not given (it overrode an explicit --rounds).
+    for name, full, quick in (("sentences", 512, 64), ("batch1_sentences", 64, 8), ("rounds", 3, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.batch1_sentences > args.sentences:
+        parser.error(f"--batch1-sentences {args.batch1_sentences} is more than --sentences {args.sentences}")
+    try:
+        import ctranslate2  # noqa: F401 -- the yardstick, before any worker starts
+    except ImportError:
+        parser.error("the race's yardstick is CTranslate2, which is not installed: "
+                     "pip install \"keras-transformer[ctranslate2]\"")
 
     from keras_transformer.ctranslate2_export import export_ctranslate2
     from keras_transformer.data.text_files import read_lines
     from keras_transformer.evaluation import corpus_scores
+    from keras_transformer.languages import model_languages
 
     saved_models = args.saved_model or [os.path.join(REPO, "saved_models", "multi30k-en-de")]
     first = saved_models[0]
-    source, target = os.path.basename(os.path.normpath(first)).split("-")[-2:]
+    # The languages the export records (the folder's name said them before: "my-model" read as my -> model).
+    languages = model_languages(first)
+    if languages is None:
+        parser.error(f"{first} records no language pair (an export of an older version, or not a "
+                     "SavedModel of this library): export it again with `keras-transformer export`")
+    source, target = languages
+    for path in (os.path.join(args.data, f"test_2016_flickr.{source}.gz"),
+                 os.path.join(args.data, f"test_2016_flickr.{target}.gz")):
+        if not os.path.exists(path):
+            parser.error(f"{path} does not exist: pass the Multi30k folder as --data, or set MULTI30K_DIR")
     lines = read_lines(os.path.join(args.data, f"test_2016_flickr.{source}.gz"))[: args.sentences]
     references = read_lines(os.path.join(args.data, f"test_2016_flickr.{target}.gz"))[: args.sentences]
     work = tempfile.mkdtemp(prefix="decoding-race-")

@@ -4,6 +4,7 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
 
 from keras_transformer import build_transformer
 
@@ -136,3 +137,32 @@ def test_the_decoding_benchmarks_uncached_search_gives_the_cached_searchs_ids():
                    lambda p: beam_search(p, source, start_id=2, end_id=3, beam_size=3, max_length=39)[0]):
         np.testing.assert_array_equal(np.asarray(search(bench.UncachedParts(model))),
                                       np.asarray(search(TransformerParts(model))))
+
+
+def test_the_decoding_race_refuses_bad_counts_and_reads_the_recorded_languages(tmp_path, monkeypatch, capsys):
+    """`--rounds 0` failed after the workers started ("no median for empty
+    data"), `--quick` overrode an explicit `--rounds`, and a SavedModel
+    folder not named `...-SRC-TGT` failed to unpack its name (a new-user
+    trial): the counts are checked first and the languages are the
+    export's own."""
+    import json
+    import sys
+
+    race = _load("decoding_race")
+    unnamed = tmp_path / "mymodel"
+    unnamed.mkdir()
+    (unnamed / "saved_model.pb").write_bytes(b"")
+    (unnamed / "keras_transformer.json").write_text(json.dumps({}))
+    for argv, message in ((["--rounds", "0"], "'0' is not a whole number of 1 or more"),
+                          (["--quick", "--sentences", "4"], "--batch1-sentences 8 is more than --sentences 4"),
+                          (["--saved-model", str(unnamed)], f"{unnamed} records no language pair")):
+        monkeypatch.setattr(sys, "argv", ["decoding_race.py", *argv])
+        with pytest.raises(SystemExit):
+            race.main()
+        assert message in capsys.readouterr().err
+    # With the pair recorded, the corpus files are looked for under --data.
+    (unnamed / "keras_transformer.json").write_text(json.dumps({"languages": {"source": "en", "target": "fr"}}))
+    monkeypatch.setattr(sys, "argv", ["decoding_race.py", "--saved-model", str(unnamed), "--data", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        race.main()
+    assert f"{tmp_path}/test_2016_flickr.en.gz does not exist" in capsys.readouterr().err
