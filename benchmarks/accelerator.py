@@ -378,7 +378,8 @@ def main(argv=None):
     parser.add_argument("--run", help="prepare: a run folder written by `train`")
     parser.add_argument("--which", default="averaged", choices=["best", "last", "averaged"])
     parser.add_argument("--data", default=os.environ.get("MULTI30K_DIR", "../shared/data/multi30k"))
-    parser.add_argument("--pair", default="en-de")
+    parser.add_argument("--pair", help="prepare: the run's language pair, such as en-de (default: the one "
+                                       "its training files name)")
     parser.add_argument("--inputs", default="gpu_inputs")
     parser.add_argument("--out", default="results")
     parser.add_argument("--backends", nargs="+", default=["jax", "torch"])
@@ -394,6 +395,19 @@ def main(argv=None):
     args.max_train_pairs = args.max_train_pairs or None
     if args.command == "prepare":
         args.out = args.out if args.out != "results" else "gpu_inputs"
+        if not args.run:
+            parser.error("prepare needs --run, a run folder written by `keras-transformer train`")
+        from keras_transformer.languages import model_languages
+
+        trained = model_languages(args.run)
+        # A pair other than the run's made references and sources of the
+        # wrong languages without a word (a new-user trial).
+        if trained is not None and args.pair not in (None, "-".join(trained)):
+            parser.error(f"{args.run} was trained {'-'.join(trained)} and --pair is {args.pair}: "
+                         f"pass --pair {'-'.join(trained)}, or leave it out")
+        args.pair = args.pair or ("-".join(trained) if trained else None)
+        if args.pair is None:
+            parser.error(f"the training files of {args.run} name no language pair: pass --pair, such as en-de")
         prepare(args)
     elif args.command == "reference":
         reference(args)

@@ -166,3 +166,22 @@ def test_the_decoding_race_refuses_bad_counts_and_reads_the_recorded_languages(t
     with pytest.raises(SystemExit):
         race.main()
     assert f"{tmp_path}/test_2016_flickr.en.gz does not exist" in capsys.readouterr().err
+
+
+def test_accelerator_prepare_needs_a_run_and_takes_its_language_pair(tmp_path, capsys):
+    """`prepare` without --run was a TypeError (and left an empty folder);
+    `--pair de-en` on an en-de run wrote German sources and English
+    references without a word (a new-user trial)."""
+    import json
+
+    bench = _load("accelerator")
+    with pytest.raises(SystemExit):
+        bench.main(["prepare", "--out", str(tmp_path / "out")])
+    assert "prepare needs --run" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"training": {"train_src": "d/train.en.gz",
+                                                               "train_tgt": "d/train.de.gz"}}))
+    with pytest.raises(SystemExit):
+        bench.main(["prepare", "--run", str(run), "--pair", "de-en", "--out", str(tmp_path / "out")])
+    assert f"{run} was trained en-de and --pair is de-en: pass --pair en-de" in capsys.readouterr().err
