@@ -39,7 +39,13 @@ def main():
     parser.add_argument("--target", default="localhost:8500")
     parser.add_argument("--model-name", default="multi30k")
     args = parser.parse_args()
-    translations, scores = translate(args.text, args.target, args.model_name)
+    import grpc
+
+    try:
+        translations, scores = translate(args.text, args.target, args.model_name)
+    except grpc.RpcError as error:
+        parser.exit(1, f"grpc_client.py: {args.target} answered {error.code().name}: {error.details()}. "
+                       "Is TF Serving running with --port, and --model-name its --model_name?\n")
     for text, translation, score in zip(args.text, translations, scores):
         print(f"{text}\n  -> {translation}   (score {score:.3f})")
 

@@ -33,7 +33,11 @@ def main():
     parser.add_argument("--url", default="http://localhost:8501/v1/models/multi30k:predict")
     parser.add_argument("--n-best", action="store_true")
     args = parser.parse_args()
-    outputs = translate(args.text, args.url, args.n_best)
+    try:
+        outputs = translate(args.text, args.url, args.n_best)
+    except OSError as error:  # urllib's URLError and HTTPError, a timeout
+        parser.exit(1, f"rest_client.py: no answer from {args.url}: {error}. Is TF Serving running with "
+                       "--rest_api_port, and the model name in the URL its --model_name?\n")
     key = "translations" if args.n_best else "translation"
     for text, translation in zip(args.text, outputs[key]):
         print(f"{text}\n  -> {translation}")
