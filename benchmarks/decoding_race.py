@@ -163,18 +163,9 @@ class Contender:
         self.process.wait(timeout=60)
 
 
-def positive_int(text):
-    """An argparse type: an int of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
-
-
 def main():
+    from keras_transformer.cli import _positive_int as positive_int
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--saved-model", action="append",
                         help="SavedModel(s) to race (default: saved_models/multi30k-en-de); the first "

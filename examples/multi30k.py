@@ -44,7 +44,7 @@ import sys
 import time
 
 from keras_transformer.callbacks import TrainingStopped
-from keras_transformer.cli import _load_saved_model, evaluate_files
+from keras_transformer.cli import _load_saved_model, _positive_int as positive_int, evaluate_files
 from keras_transformer.data.text_files import read_parallel
 from keras_transformer.devices import host_description
 from keras_transformer.evaluation import corpus_scores
@@ -60,17 +60,6 @@ SLICE = 200  # test sentences the shipped-model test re-translates
 LANGUAGES = {"en": "English", "de": "German", "fr": "French"}
 # What `ship` tries on val, unless `--search` names others: (beam_size, length_penalty).
 SEARCHES = [(4, 0.6), (5, 1.0), (8, 1.0)]
-
-
-def positive_int(text):
-    """An argparse type: an int of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
 
 
 def search_setting(text):

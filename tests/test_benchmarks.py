@@ -153,7 +153,7 @@ def test_the_decoding_race_refuses_bad_counts_and_reads_the_recorded_languages(t
     unnamed.mkdir()
     (unnamed / "saved_model.pb").write_bytes(b"")
     (unnamed / "keras_transformer.json").write_text(json.dumps({}))
-    for argv, message in ((["--rounds", "0"], "'0' is not a whole number of 1 or more"),
+    for argv, message in ((["--rounds", "0"], "must be at least 1; got 0"),
                           (["--quick", "--sentences", "4"], "--batch1-sentences 8 is more than --sentences 4"),
                           (["--saved-model", str(unnamed)], f"{unnamed} records no language pair")):
         monkeypatch.setattr(sys, "argv", ["decoding_race.py", *argv])
