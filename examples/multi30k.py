@@ -335,8 +335,10 @@ def refresh_card(out, m, card):
         card = re.sub(r"python examples/multi30k\.py [^\n]* refresh --search [^\n]*\n", "", card)
         flags = " ".join(f"--search {r['beam_size']}:{r['length_penalty']}" for r in m["searches_on_val"][1:])
         if flags:
+            # The refresh line is the ship line's, without ship's own searches.
             card = re.sub(r"(python examples/multi30k\.py [^\n]* --pair (\S+) ship\n)",
-                          lambda g: g.group(1) + g.group(1)[:-len(" ship\n")] + f" refresh {flags}\n", card)
+                          lambda g: g.group(1) + re.sub(r" --search \S+", "", g.group(1)[:-len(" ship\n")])
+                          + f" refresh {flags}\n", card)
     with open(os.path.join(out, "MODEL_CARD.md"), "w", encoding="utf-8") as f:
         f.write(card)
 
@@ -376,6 +378,15 @@ def export_and_describe(args, translator, facts, describe=None):
         shutil.rmtree(args.output)
     os.replace(out, args.output)
     print(json.dumps({k: metrics[k] for k in ("test_2016_flickr", "val")}, indent=2))
+
+
+def ship_search_flags(m):
+    """The `--search` flags of the grid `ship` chose from (`m["chosen_on_val"]`),
+    or "" for its default grid."""
+    tried = list(dict.fromkeys((r["beam_size"], r["length_penalty"]) for r in m["chosen_on_val"]))
+    if tried == SEARCHES:
+        return ""
+    return "".join(f" --search {beam}:{penalty:g}" for beam, penalty in tried)
 
 
 def write_card(out, m):
@@ -433,7 +444,7 @@ set was translated once, by the chosen SavedModel.
 
 ```bash
 python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} --epochs {tc['epochs']}{recipe_flags(tc, mc)} train
-python examples/multi30k.py --data ../shared/data/multi30k --pair {m['pair']} ship
+python examples/multi30k.py --data ../shared/data/multi30k{ship_search_flags(m)} --pair {m['pair']} ship
 keras-transformer evaluate --saved-model saved_models/multi30k-{m['pair']} \\
     --src ../shared/data/multi30k/test_2016_flickr.{source}.gz --ref ../shared/data/multi30k/test_2016_flickr.{target}.gz
 ```

@@ -195,3 +195,30 @@ def test_refresh_refuses_the_files_of_another_pair(script, tmp_path):
     args.output = str(tmp_path / "nothing")
     with pytest.raises(SystemExit, match="holds no metrics.json"):
         script.refresh(args)
+
+
+def test_the_cards_ship_line_names_the_searches_ship_chose_from(script):
+    """A model shipped with `--search 1:0.6` got a card whose "Reproduce"
+    said plain `ship`, which tries the default three searches (a new-user
+    trial); the refresh line drops ship's own searches."""
+    rows = lambda searches: [{"beam_size": b, "length_penalty": lp} for which in ("best", "averaged")  # noqa: E731
+                             for b, lp in searches]
+    assert script.ship_search_flags({"chosen_on_val": rows(script.SEARCHES)}) == ""
+    assert script.ship_search_flags({"chosen_on_val": rows([(1, 0.6), (5, 1.5)])}) == " --search 1:0.6 --search 5:1.5"
+    args = script.build_parser().parse_args(["--search", "1:0.6", "--search", "5:1.5", "ship"])
+    assert args.search == [(1, 0.6), (5, 1.5)]
+    # Refreshed, such a card's refresh line is the ship line without ship's searches.
+    import pathlib
+    import tempfile
+
+    card = CARD.replace("--pair en-de ship\n", "--search 1:0.6 --pair en-de ship\n")
+    rows = [{"checkpoint": "shipped weights", "beam_size": b, "length_penalty": lp, "val_bleu": 43.0,
+             "val_chrf": 65.5} for b, lp in ((1, 0.6), (6, 1.2))]
+    m = {"pair": "en-de", "search": {"beam_size": 6, "length_penalty": 1.2}, "searches_on_val": rows,
+         "test_2016_flickr": {"bleu": 1.0, "bleu_lowercase": 1.0, "chrf": 1.0},
+         "val": {"bleu": 1.0, "bleu_lowercase": 1.0, "chrf": 1.0}}
+    with tempfile.TemporaryDirectory() as out:
+        script.refresh_card(out, m, card)
+        refreshed = (pathlib.Path(out) / "MODEL_CARD.md").read_text()
+    assert ("--data ../shared/data/multi30k --search 1:0.6 --pair en-de ship\npython examples/multi30k.py "
+            "--data ../shared/data/multi30k --pair en-de refresh --search 6:1.2\n") in refreshed
