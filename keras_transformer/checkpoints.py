@@ -51,15 +51,22 @@ def epoch_log(run_dir):
 
 
 def _higher_is_better(monitor):
-    """True for a BLEU or an accuracy, False for a loss; a `ValueError` for
-    another key (such as `hardware`), whose order is not known."""
-    if isinstance(monitor, str):
-        if monitor.endswith("loss"):
-            return False
-        if monitor.endswith(("bleu", "accuracy")):
-            return True
-    raise ValueError(f"`monitor` must be a loss, a BLEU or an accuracy logged in epochs.jsonl (such as "
-                     f"'val_loss', 'val_bleu' or 'val_masked_accuracy'); got {monitor!r}.")
+    """Keras's `mode="auto"` rule (`ModelCheckpoint`, `EarlyStopping`),
+    with BLEU and chrF: an accuracy, a BLEU or a chrF ranks highest first;
+    anything else (a loss, a perplexity) lowest first."""
+    name = str(monitor).lower()
+    return any(key in name for key in ("acc", "bleu", "chrf", "fmeasure"))
+
+
+def _number(value):
+    """`value` as a float, or None for what is not a number (such as the
+    `hardware` text that `epochs.jsonl` records)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _ranked(log, epochs, monitor):
@@ -68,9 +75,9 @@ def _ranked(log, epochs, monitor):
     sign = -1.0 if _higher_is_better(monitor) else 1.0
     scored = []
     for e in epochs:
-        value = log.get(e, {}).get(monitor)
-        if value is not None and math.isfinite(float(value)):
-            scored.append((sign * float(value), -e))
+        value = _number(log.get(e, {}).get(monitor))
+        if value is not None and math.isfinite(value):
+            scored.append((sign * value, -e))
     return [-e for _, e in sorted(scored)]
 
 
@@ -82,25 +89,21 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         run_dir: a run folder written by `train`.
         last: int, the latest N epoch checkpoints kept (a `UserWarning`
             when epochs between them were not kept); or
-        best: int, the N epochs with the lowest `monitor` (highest for a
-            BLEU or an accuracy).
-        monitor: str, a loss, BLEU or accuracy in `epochs.jsonl`
-            (`"val_loss"`, `"loss"`, `"val_bleu"`, `"val_masked_accuracy"`,
-            `"masked_accuracy"`).
+        best: int, the N epochs with the lowest `monitor` (the highest for
+            an accuracy, a BLEU or a chrF: Keras's `mode="auto"` rule).
+        monitor: str, a number in `epochs.jsonl` (`"val_loss"`, `"loss"`,
+            `"val_bleu"`, `"val_masked_accuracy"`, ...).
 
     Returns:
         list of str paths.
 
     Raises:
         ValueError: unless exactly one of `last` and `best` is a positive
-            int, for a `monitor` that is not a loss, BLEU or accuracy, when
-            no checkpoint has a logged `monitor`, or when the run has fewer
-            such checkpoints than asked for.
+            int, when no checkpoint has a logged number for `monitor`, or
+            when the run has fewer such checkpoints than asked for.
     """
     if (last is None) == (best is None) or int(last or best) < 1:
         raise ValueError(f"Pass one positive count, `last` or `best`; got last={last!r}, best={best!r}.")
-    if best is not None:
-        _higher_is_better(monitor)  # refuses a key of unknown order first
     available = epoch_checkpoints(run_dir)
     if last is not None:
         chosen = list(available)[-int(last):]
@@ -117,10 +120,10 @@ def select_checkpoints(run_dir, last=None, best=None, monitor="val_loss"):
         log = epoch_log(run_dir)
         scored = _ranked(log, available, monitor)
         if available and not scored:
-            logged = sorted(key for key in {key for record in log.values() for key in record}
-                            if key.endswith(("loss", "bleu", "accuracy")))
+            logged = sorted({key for record in log.values() for key, value in record.items()
+                             if _number(value) is not None} - {"epoch", "seconds", "steps"})
             raise ValueError(
-                f"None of the epoch checkpoints in {run_dir} has a `{monitor}` in epochs.jsonl"
+                f"None of the epoch checkpoints in {run_dir} has a number for `{monitor}` in epochs.jsonl"
                 + (" (val_bleu is logged only by runs trained with --bleu-every)" if monitor == "val_bleu" else "")
                 + f"; it logged {logged}. Choose by one of those with --monitor, or use --last."
             )

@@ -69,8 +69,8 @@ def _damaged_saved_model(path, error):
     read (`error`: TensorFlow's or protobuf's own, which names no file)."""
     first_line = (str(error).strip().splitlines() or [""])[0]
     return ValueError(
-        f"Could not read the SavedModel {path}: its saved_model.pb or variables/ files are damaged "
-        f"or cut off ({type(error).__name__}: {first_line}). Export it again (keras-transformer "
+        f"Could not read the SavedModel {path}: are its saved_model.pb or variables/ files damaged "
+        f"or cut off? ({type(error).__name__}: {first_line}). Export it again (keras-transformer "
         "export), or copy it again."
     )
 
@@ -313,8 +313,8 @@ def read_saved_model(path):
     except (OSError, ValueError):
         metadata = {}
     if "decoding" not in metadata or "special_ids" not in metadata:
-        raise ValueError(f"{path} has no keras_transformer.json written by export_translator; read only "
-                         "SavedModels exported by keras-transformer.")
+        raise ValueError(f"{path} has no readable keras_transformer.json written by export_translator (missing "
+                         "or damaged); read only SavedModels exported by keras-transformer.")
     if metadata.get("weights_dtype") == "int8":
         raise ValueError(
             f"{path} stores its matrices in int8 (export --weights-dtype int8), from which a model "

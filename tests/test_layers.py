@@ -994,6 +994,11 @@ def test_causal_mask_refuses_what_is_not_an_integer_length_on_every_backend():
         causal_mask(2, True)
     np.testing.assert_array_equal(to_numpy(causal_mask(np.int32(2), 3, offset=1)),
                                   [[[True, True, False], [True, True, True]]])
+    # A 0-d array (torch's arange refused it) and an int64 tensor offset
+    # (tensorflow's add refused it) are integers too.
+    offset = ops.convert_to_tensor(np.int64(1), dtype="int64")
+    np.testing.assert_array_equal(to_numpy(causal_mask(np.array(2), 3, offset=offset)),
+                                  [[[True, True, False], [True, True, True]]])
 
 
 @pytest.mark.parametrize("rate", [1.5, "0.1", float("nan")])
@@ -1022,6 +1027,10 @@ def test_attention_over_one_key_gives_weight_one_without_a_warning():
         _, masked = layer(x, x, attention_mask=np.array([[[True]], [[False]]]), return_attention_scores=True)
     np.testing.assert_array_equal(to_numpy(weights), np.ones((2, 2, 1, 1)))
     np.testing.assert_array_equal(to_numpy(masked)[:, 0, 0, 0], [1.0, 0.0])
+    # A NaN or infinite score stays NaN, as the softmax gives it (not hidden as 1).
+    from keras_transformer.layers import masked_softmax
+
+    assert np.isnan(to_numpy(masked_softmax(np.array([[[np.nan]], [[np.inf]]], "float32")))).all()
     v = x @ to_numpy(layer.value_dense.kernel).reshape(8, 8) + to_numpy(layer.value_dense.bias).reshape(8)
     expected = v @ to_numpy(layer.output_dense.kernel).reshape(8, 8) + to_numpy(layer.output_dense.bias)
     np.testing.assert_allclose(to_numpy(out), expected, rtol=1e-5, atol=1e-5)

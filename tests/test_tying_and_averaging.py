@@ -165,15 +165,19 @@ def test_select_checkpoints_last_and_best(tmp_path):
     with pytest.raises(ValueError, match="one positive count"):
         select_checkpoints(run, last=1, best=1)
     # An accuracy ranks highest first; it ranked lowest first, as a loss (a
-    # new-user trial), and a key of unknown order ("hardware") failed in float().
+    # new-user trial), and a key that holds text ("hardware") failed in
+    # float(). Other keys rank lowest first, as Keras's mode="auto" does.
     _log(run, [0.1, 0.2, 0.9, 0.5, 0.7, 0.6], key="val_masked_accuracy")
     assert names(select_checkpoints(run, best=2, monitor="val_masked_accuracy")) == ["003", "005"]
-    with pytest.raises(ValueError, match="`monitor` must be a loss, a BLEU or an accuracy .* got 'hardware'"):
+    _log(run, [0.1, 0.2, 0.9, 0.5, 0.7, 0.6], key="val_perplexity")
+    assert names(select_checkpoints(run, best=2, monitor="val_perplexity")) == ["004", "006"]
+    _log(run, ["AMD EPYC, 2 cores"] * 6, key="hardware")
+    with pytest.raises(ValueError, match=r"has a number for `hardware` in epochs.jsonl; it logged \[\]"):
         select_checkpoints(run, best=2, monitor="hardware")
     _log(run, [9.0, 8.0, 2.0, 5.0, 1.0, 2.0])
     # A run trained without --bleu-every logs no val_bleu: said so, not
     # "0 epoch checkpoints ... train with a larger --keep-checkpoints".
-    with pytest.raises(ValueError, match=r"has a `val_bleu`.*--bleu-every\); it logged \['val_loss'\]"):
+    with pytest.raises(ValueError, match=r"has a number for `val_bleu`.*--bleu-every\); it logged \['val_loss'\]"):
         select_checkpoints(run, best=2, monitor="val_bleu")
     # Epoch 5 not kept: "the last 3" took epoch 3 in its place without a
     # word (a new-user trial); it still does, and says so.

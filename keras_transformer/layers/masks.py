@@ -53,6 +53,11 @@ def causal_mask(query_length, key_length=None, offset=0):
     """
     if key_length is None:
         key_length = query_length
+    # 0-d NumPy integers as Python ints (torch's arange takes no ndarray).
+    query_length, key_length, offset = (
+        int(v) if isinstance(v, np.ndarray) and v.ndim == 0 and np.issubdtype(v.dtype, np.integer) else v
+        for v in (query_length, key_length, offset)
+    )
     for name, value in (("query_length", query_length), ("key_length", key_length), ("offset", offset)):
         dtype = getattr(value, "dtype", None)
         if isinstance(value, bool) or not (
@@ -63,6 +68,8 @@ def causal_mask(query_length, key_length=None, offset=0):
         if isinstance(value, (int, np.integer)) and value < 0 and name != "offset":
             # np.int64(-1) gave an empty mask on jax and failed in a Range op elsewhere
             raise ValueError(f"causal_mask needs a `{name}` of 0 or more; got {value}.")
+    if not isinstance(offset, (int, np.integer)):
+        offset = ops.cast(offset, "int32")  # an int64 tensor failed in the add on tensorflow
     rows = ops.expand_dims(ops.arange(query_length, dtype="int32") + offset, 1)
     cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)

@@ -41,9 +41,13 @@ def masked_softmax(scores, mask=None):
         float32 tensor of the shape of `scores`.
     """
     scores = ops.cast(scores, "float32")
-    # Over one key the softmax is exactly 1 (and Keras's warns that it
-    # "will always return the value 1", for a valid one-token sentence).
-    softmax = ops.ones_like if scores.shape[-1] == 1 else lambda x: ops.softmax(x, axis=-1)
+    # Over one key the softmax is exp(x - x) (exactly 1, NaN for a NaN or
+    # infinite score, as the softmax gives); Keras's warns that it "will
+    # always return the value 1", for a valid one-token sentence.
+    if scores.shape[-1] == 1:
+        softmax = lambda x: ops.exp(x - x)  # noqa: E731
+    else:
+        softmax = lambda x: ops.softmax(x, axis=-1)  # noqa: E731
     if mask is None:
         return softmax(scores)
     mask = ops.cast(mask, "bool")
