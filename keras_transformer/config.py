@@ -305,12 +305,10 @@ def _refuse_ctranslate2_folder(path):
     """Raise `FileNotFoundError` when `path` is a CTranslate2 model written
     by `export --format ctranslate2` (its `config.json` is CTranslate2's,
     not a run's)."""
-    try:
-        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as f:
-            fmt = json.load(f).get("format")
-    except (OSError, ValueError, AttributeError):
-        return
-    if fmt == "keras_transformer.ctranslate2":
+    from keras_transformer.languages import _read_json
+
+    facts = _read_json(os.path.join(path, "keras_transformer.json")) or {}
+    if facts.get("format") == "keras_transformer.ctranslate2":  # ctranslate2_export.FORMAT
         raise FileNotFoundError(
             f"{path} is a CTranslate2 model (export --format ctranslate2), neither a training run "
             "folder nor a SavedModel; translate with it through CTranslate2: "
